@@ -1,0 +1,1 @@
+"""Scaling-law analysis of logged losses. Importable without torch."""

@@ -1,0 +1,1 @@
+"""Experiment grids launched through submitit (local or Slurm): expansion, run state, status."""

@@ -1,0 +1,66 @@
+"""Test-wide guards: no network, no caches outside the checkout, markers that skip cleanly.
+
+- wandb is forced offline and its folders live under the test's temp area.
+- ``gpu`` tests skip without CUDA; ``slurm`` tests skip unless the local Slurm is up
+  (``cluster/slurm_local/up.sh``; CI starts it in ``.ci/run``).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+_CACHE = REPO / ".cache" / "tests"
+_CACHE.mkdir(parents=True, exist_ok=True)
+
+# Set before anything imports wandb / torch.compile / matplotlib.
+os.environ["WANDB_MODE"] = "offline"
+os.environ.pop("WANDB_API_KEY", None)
+for var, sub in {
+    "WANDB_DIR": "wandb",
+    "WANDB_CACHE_DIR": "wandb-cache",
+    "WANDB_CONFIG_DIR": "wandb-config",
+    "WANDB_DATA_DIR": "wandb-data",
+    "TORCHINDUCTOR_CACHE_DIR": "inductor",
+    "MPLCONFIGDIR": "matplotlib",
+    "HF_HOME": "huggingface",
+    "TIKTOKEN_CACHE_DIR": "tiktoken",
+}.items():
+    os.environ.setdefault(var, str(_CACHE / sub))
+os.environ.setdefault("QUARTET_CACHE", str(REPO / ".cache"))
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:  # pragma: no cover - torch missing
+        return False
+
+
+def _slurm_up() -> bool:
+    if not shutil.which("sinfo") or not os.environ.get("SLURM_CONF"):
+        return False
+    try:
+        out = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return out.returncode == 0 and out.stdout.strip() != ""
+
+
+def pytest_collection_modifyitems(config, items):
+    cuda = _cuda_available()
+    slurm = _slurm_up()
+    for item in items:
+        if "gpu" in item.keywords and not cuda:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
+        if "slurm" in item.keywords and not slurm:
+            item.add_marker(pytest.mark.skip(reason="local Slurm is not running (see cluster/slurm_local/up.sh)"))
