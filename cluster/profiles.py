@@ -1,0 +1,176 @@
+"""Cluster profiles (``conf/cluster/<name>.yaml``): where and with what resources runs go.
+
+A profile is plain YAML checked against :class:`ClusterProfile`; a site adds its own by dropping a
+file in ``conf/cluster/`` (or passing a path to ``--cluster``) -- no code change. Every key can be
+overridden on the command line as ``cluster.<key>=<value>``.
+
+Resources per run come from an ordered list of rules keyed by the run's non-embedding parameter
+count N: the first rule with ``N <= max_params`` gives GPUs (one task per GPU), nodes, CPUs per task,
+memory and the time limit. Runs with equal resources form one job array.
+
+GPU-hours estimate (printed by the plan; a budget, not a promise)::
+
+    gpu_hours = 6 * N * D / (peak_flops_per_gpu * mfu * speedup[precision]) / 3600
+
+with N non-embedding parameters, D tokens, ``peak_flops_per_gpu`` the dense BF16 peak, ``mfu`` the
+model-FLOPs utilisation you expect and ``speedup`` an optional per-precision factor (1.0 when not
+listed: the reference quantized path is emulated in BF16, so it is not faster).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from quartet.errors import ConfigError
+from quartet.paths import CONF_DIR
+
+PROFILES_DIR = CONF_DIR / "cluster"
+
+
+@dataclass
+class ResourceRule:
+    """Resources for runs with ``N <= max_params`` (non-embedding parameters)."""
+
+    max_params: float = math.inf
+    gpus: int = 1  # GPUs per run in total (= tasks); 0 = CPU-only
+    nodes: int = 1
+    cpus_per_task: Optional[int] = None  # None: the profile's cpus_per_gpu (or cpus_per_task)
+    mem_gb: Optional[float] = None  # per node; None: gpus_per_node_used * mem_per_gpu_gb
+    time_min: Optional[int] = None  # None: the profile's time_min
+
+
+@dataclass
+class ClusterProfile:
+    """Schema of ``conf/cluster/*.yaml``."""
+
+    name: str = ""
+    kind: str = "local"  # local | slurm
+    description: str = ""
+    # --- local ---
+    workers: int = 2  # parallel runs on this machine
+    threads_per_worker: int = 1  # torch threads per local run
+    # --- slurm: sbatch options (None = not passed) ---
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    constraint: Optional[str] = None
+    gpu_type: Optional[str] = None  # gres name, e.g. b200 -> --gres=gpu:b200:<n>
+    gpus_per_node: int = 8
+    cpus_per_gpu: int = 8  # CPUs per task (one task per GPU)
+    mem_per_gpu_gb: float = 100.0
+    time_min: int = 1440
+    array_parallelism: int = 64  # the %N cap of every job array
+    max_array_size: Optional[int] = None  # None: ask `scontrol show config`, else 1001
+    max_num_timeout: int = 20  # requeues after time-limit signals before giving up
+    signal_delay_s: int = 120  # USR2 this long before the time limit -> checkpoint + requeue
+    exclusive: bool = False
+    setup: list[str] = field(default_factory=list)  # sbatch lines before srun (module load ...)
+    srun_args: list[str] = field(default_factory=list)
+    additional: dict[str, Any] = field(default_factory=dict)  # any other sbatch flag
+    python: Optional[str] = None  # interpreter on the nodes (default: the launching one)
+    # --- planning ---
+    device_label: str = "GPU"
+    peak_flops_per_gpu: float = 1.0e15
+    mfu: float = 0.35
+    speedup: dict[str, float] = field(default_factory=dict)
+    resources: list[ResourceRule] = field(default_factory=lambda: [ResourceRule()])
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What one run asks for; equal Resources -> same job array."""
+
+    nodes: int
+    tasks_per_node: int
+    gpus_per_node: int
+    cpus_per_task: int
+    mem_gb: float
+    time_min: int
+
+    @property
+    def gpus(self) -> int:
+        """GPUs of the whole run."""
+        return self.nodes * self.gpus_per_node
+
+    def describe(self, profile: ClusterProfile) -> str:
+        """One-line summary for the plan."""
+        if profile.kind == "local":
+            return f"local, 1 process x {profile.threads_per_worker} thread(s)"
+        gres = f"gpu:{profile.gpu_type}:{self.gpus_per_node}" if profile.gpu_type else f"{self.gpus_per_node} GPU"
+        return (
+            f"{self.nodes} node(s) x {self.tasks_per_node} task(s), {gres}/node, "
+            f"{self.cpus_per_task} CPU/task, {self.mem_gb:g} GB/node, {self.time_min} min"
+        )
+
+
+def available_profiles() -> list[str]:
+    """Profile names shipped in ``conf/cluster/``."""
+    return sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))
+
+
+def load_profile(name_or_path: str, overrides: list[str] | None = None) -> ClusterProfile:
+    """Load ``conf/cluster/<name>.yaml`` (or a YAML path) and apply ``key=value`` overrides."""
+    p = Path(name_or_path)
+    path = p if p.suffix in {".yaml", ".yml"} and p.exists() else PROFILES_DIR / f"{name_or_path}.yaml"
+    if not path.exists():
+        raise ConfigError(
+            f"cluster profile {name_or_path!r} not found in {PROFILES_DIR}; choose one of: {', '.join(available_profiles())}"
+        )
+    try:
+        cfg = OmegaConf.merge(OmegaConf.structured(ClusterProfile), OmegaConf.load(path))
+        if overrides:
+            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
+        prof: ClusterProfile = OmegaConf.to_object(cfg)  # type: ignore[assignment]
+    except OmegaConfBaseException as exc:
+        msg = str(exc).strip().splitlines()[0]
+        raise ConfigError(f"cluster profile {path.stem}: {msg}") from None
+    prof.name = prof.name or path.stem
+    if prof.kind not in {"local", "slurm"}:
+        raise ConfigError(f"cluster profile {prof.name}: kind={prof.kind!r}; allowed: local, slurm")
+    if not prof.resources:
+        raise ConfigError(f"cluster profile {prof.name}: resources must list at least one rule")
+    if prof.workers < 1:
+        raise ConfigError(f"cluster profile {prof.name}: workers must be >= 1, got {prof.workers}")
+    return prof
+
+
+def resources_for(profile: ClusterProfile, n_params: float) -> Resources:
+    """Apply the profile's per-size rule to a run with ``n_params`` non-embedding parameters."""
+    for rule in profile.resources:
+        if n_params <= rule.max_params:
+            break
+    else:
+        raise ConfigError(
+            f"cluster profile {profile.name}: no resources rule covers N={n_params:.3g}; add a rule with a larger max_params"
+        )
+    gpus = max(0, rule.gpus)
+    nodes = max(1, rule.nodes)
+    if gpus and gpus % nodes:
+        raise ConfigError(f"cluster profile {profile.name}: rule max_params={rule.max_params:g} has gpus={gpus} not divisible by nodes={nodes}")
+    gpn = gpus // nodes if gpus else 0
+    if gpn > profile.gpus_per_node:
+        raise ConfigError(
+            f"cluster profile {profile.name}: rule max_params={rule.max_params:g} needs {gpn} GPUs/node > gpus_per_node={profile.gpus_per_node}"
+        )
+    tasks = max(1, gpn)
+    cpus = rule.cpus_per_task or profile.cpus_per_gpu
+    mem = rule.mem_gb if rule.mem_gb is not None else max(1.0, tasks * profile.mem_per_gpu_gb)
+    return Resources(
+        nodes=nodes,
+        tasks_per_node=tasks,
+        gpus_per_node=gpn,
+        cpus_per_task=int(cpus),
+        mem_gb=float(mem),
+        time_min=int(rule.time_min or profile.time_min),
+    )
+
+
+def gpu_hours(profile: ClusterProfile, n_params: float, tokens: float, precision: str) -> float:
+    """The documented estimate: 6·N·D FLOPs at ``peak * mfu * speedup[precision]`` per device."""
+    rate = profile.peak_flops_per_gpu * profile.mfu * float(profile.speedup.get(precision, 1.0))
+    return 6.0 * n_params * tokens / rate / 3600.0

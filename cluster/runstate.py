@@ -1,0 +1,275 @@
+"""Run state as seen from outside a run: markers in the run directory, claims, Slurm cross-checks.
+
+The run directory is the source of truth (``docs/ARCHITECTURE.md``): ``summary.json`` means done,
+``state.json`` holds the trainer's last word, ``metrics.jsonl`` the latest loss. Two extra files are
+owned by ``cluster/``:
+
+``.claim``
+    Created with ``O_CREAT | O_EXCL`` by the launcher that is about to start the run, so two
+    concurrent launches can never both start it. It records who holds it (launcher pid + host, and
+    the Slurm job id once submitted). A claim is *stale* when its holder is gone: the pid is dead
+    (same host) or the job left ``squeue``. A stale claim is broken atomically (renamed away; only
+    one contender's rename succeeds) and then re-claimed with ``O_EXCL`` again.
+``error.txt``
+    Traceback of a failed run (also written by the trainer).
+
+A run whose ``state.json`` says running/pending but whose claim is stale died without saying so
+(``scancel``, node failure, OOM kill): :func:`reconcile` records it as failed, with the Slurm end
+state (e.g. ``CANCELLED``) in the error, so the next launch resumes it from its checkpoint.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from cluster import slurm
+
+CLAIM = ".claim"
+STATE = "state.json"
+SUMMARY = "summary.json"
+METRICS = "metrics.jsonl"
+ERROR = "error.txt"
+#: a claim from another host that we cannot check is trusted for this long
+FOREIGN_CLAIM_TTL_S = 3600.0
+
+
+def now_iso() -> str:
+    """UTC time in ISO 8601 (what state.json uses)."""
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write via a temporary file + ``os.replace`` so readers never see a partial file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:6]}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON file as a dict, or None when missing / half-written / not an object."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def write_state(run_dir: Path, **fields: Any) -> dict[str, Any]:
+    """Update ``state.json`` (merging with what is there) atomically; returns the new state."""
+    path = Path(run_dir) / STATE
+    state = read_json(path) or {}
+    state.update(fields)
+    state["updated"] = now_iso()
+    atomic_write_text(path, json.dumps(state, indent=1, default=str))
+    return state
+
+
+def last_metrics(run_dir: Path, max_bytes: int = 65536) -> dict[str, Any] | None:
+    """The last complete row of ``metrics.jsonl`` (reads only the file's tail)."""
+    path = Path(run_dir) / METRICS
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - max_bytes))
+            tail = fh.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    for line in reversed(tail.splitlines()):
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict):
+            return row
+    return None
+
+
+# ------------------------------------------------------------------------------------------ claims
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def read_claim(run_dir: Path) -> dict[str, Any] | None:
+    """The claim record, or None."""
+    return read_json(Path(run_dir) / CLAIM)
+
+
+def claim_alive(claim: dict[str, Any] | None, queue: dict[str, str] | None) -> bool:
+    """Whether the holder of ``claim`` may still be working on the run.
+
+    ``queue`` is :func:`cluster.slurm.queue` (None = squeue unavailable: Slurm claims are then
+    trusted, never broken blindly).
+    """
+    if not claim:
+        return False
+    job = claim.get("job_id")
+    if claim.get("scheduler") == "slurm" and job:
+        if queue is None:
+            return True
+        return queue.get(str(job)) in slurm.ALIVE
+    if claim.get("host") == socket.gethostname():
+        pid = claim.get("pid")
+        return isinstance(pid, int) and _pid_alive(pid)
+    return time.time() - float(claim.get("time", 0)) < FOREIGN_CLAIM_TTL_S
+
+
+def try_claim(run_dir: Path, info: dict[str, Any], queue: dict[str, str] | None) -> bool:
+    """Atomically claim ``run_dir`` for this launcher. False if someone alive holds it."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / CLAIM
+    record = {"pid": os.getpid(), "host": socket.gethostname(), "time": time.time(), "job_id": None, **info}
+    for _ in range(3):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            current = read_claim(run_dir)
+            if current is None:
+                # being written right now by another launcher (or garbage): give it a moment
+                time.sleep(0.05)
+                current = read_claim(run_dir)
+                if current is None and time.time() - _mtime(path) < 5:
+                    return False
+            if current is not None and claim_alive(current, queue):
+                return False
+            # stale: break it atomically; only one contender's rename can succeed
+            try:
+                os.rename(path, run_dir / f".claim.stale.{uuid.uuid4().hex[:8]}")
+            except FileNotFoundError:
+                pass
+            _cleanup_stale(run_dir)
+            continue
+        with os.fdopen(fd, "w") as fh:
+            json.dump(record, fh)
+        return True
+    return False
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def _cleanup_stale(run_dir: Path) -> None:
+    for p in run_dir.glob(".claim.stale.*"):
+        try:
+            p.unlink()
+        except OSError:
+            pass
+
+
+def update_claim(run_dir: Path, **fields: Any) -> None:
+    """Add fields (e.g. the Slurm job id after submission) to our claim."""
+    claim = read_claim(run_dir) or {}
+    claim.update(fields)
+    atomic_write_text(Path(run_dir) / CLAIM, json.dumps(claim))
+
+
+def release_claim(run_dir: Path) -> None:
+    """Drop our claim (local runs, after the run returned, or a submission that failed)."""
+    claim = read_claim(run_dir)
+    if claim and claim.get("pid") == os.getpid() and claim.get("host") == socket.gethostname():
+        try:
+            (Path(run_dir) / CLAIM).unlink()
+        except FileNotFoundError:
+            pass
+
+
+# ------------------------------------------------------------------------------------------ views
+
+
+@dataclass
+class RunView:
+    """What ``quartet status`` and the launch plan know about one run."""
+
+    run_id: str
+    run_dir: Path
+    state: str  # new | pending | running | completed | preempted | failed | cancelled
+    live: bool = False  # a live claim (job queued/running, or a local launcher working on it)
+    step: int | None = None
+    total_steps: int | None = None
+    loss: float | None = None
+    tokens_per_s: float | None = None
+    job_id: str | None = None
+    job_state: str | None = None
+    error: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def inspect(run_dir: Path, queue: dict[str, str] | None = None, reconcile_dead: bool = True) -> RunView:
+    """Read a run directory (and the queue) into a :class:`RunView`.
+
+    With ``reconcile_dead`` a run that claims to be running but whose holder is gone is recorded
+    as failed in ``state.json`` (see the module docstring).
+    """
+    run_dir = Path(run_dir)
+    st = read_json(run_dir / STATE) or {}
+    claim = read_claim(run_dir)
+    row = last_metrics(run_dir) or {}
+    job_id = (claim or {}).get("job_id") or st.get("job_id")
+    view = RunView(
+        run_id=run_dir.name,
+        run_dir=run_dir,
+        state=str(st.get("state") or "new"),
+        step=st.get("step", row.get("step")),
+        total_steps=st.get("total_steps"),
+        loss=row.get("loss"),
+        tokens_per_s=row.get("tokens_per_s"),
+        job_id=str(job_id) if job_id else None,
+        error=st.get("error"),
+    )
+    if row.get("step") is not None and (view.step is None or row["step"] > view.step):
+        view.step = row["step"]
+    if queue is not None and view.job_id:
+        view.job_state = queue.get(view.job_id)
+    summary = read_json(run_dir / SUMMARY)
+    if summary is not None:
+        view.state = "completed"
+        view.error = None
+        view.loss = summary.get("val_loss", view.loss)
+        view.tokens_per_s = summary.get("tokens_per_s", view.tokens_per_s)
+        view.step = summary.get("steps", view.step)
+        view.total_steps = view.total_steps or summary.get("steps")
+        return view
+    view.live = claim_alive(claim, queue)
+    if view.live:
+        if view.state not in {"running"}:
+            view.state = "pending" if view.job_state in (None, "PENDING", "REQUEUED") else "running"
+        return view
+    if view.state in {"running", "pending"} and claim is not None:
+        # the process that owned the run is gone and never wrote an end state
+        end = slurm.final_state(view.job_id) if (view.job_id and (claim or {}).get("scheduler") == "slurm") else None
+        view.job_state = end or view.job_state
+        cancelled = end is not None and end.startswith("CANCELLED")
+        view.state = "cancelled" if cancelled else "failed"
+        what = f"job {view.job_id} ended {end}" if end else f"the process holding it ({view.job_id or 'local'}) is gone"
+        view.error = (f"{'cancelled' if cancelled else 'lost'}: {what} at step {view.step or 0} without an end "
+                      f"marker; relaunch resumes from the last checkpoint")
+        if reconcile_dead and st:
+            write_state(run_dir, state="failed", error=view.error)
+    elif view.state == "failed" and view.error and view.error.startswith("cancelled"):
+        view.state = "cancelled"
+    if view.state == "failed" and not view.error and (run_dir / ERROR).exists():
+        lines = (run_dir / ERROR).read_text(errors="replace").strip().splitlines()
+        view.error = lines[-1] if lines else None
+    return view
