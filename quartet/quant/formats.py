@@ -1,0 +1,194 @@
+"""Element formats: E2M1 (FP4), E8M0 (power-of-two scales), E4M3 / E5M2 (FP8) and INT4.
+
+Maths in one paragraph. A block-scaled low-precision tensor stores x ≈ s · q, where q is an element
+of a tiny grid and s is a scale shared by a group of elements. For E2M1 (1 sign, 2 exponent, 1
+mantissa bit) the non-negative grid is {0, 0.5, 1, 1.5, 2, 3, 4, 6}; the 4-bit code of a value is
+``sign << 3 | index`` where ``index`` is its position in that grid (the OCP bit pattern). Rounding to
+nearest (RTN) uses the midpoints 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5 as thresholds with a value
+rounded *up* only when strictly above the threshold (``|y| > t``), exactly as the Quartet / MS-AMP
+kernels compare; anything beyond 6 saturates to 6. Stochastic rounding (SR) picks the upper
+neighbour of the bracketing grid pair with probability (|y| − lo)/(hi − lo), so E[q] = y inside
+[−6, 6]. E8M0 is an 8-bit biased exponent: code c means 2^(c−127), c = 255 is NaN. FP8 uses
+PyTorch's native ``float8_e4m3fn`` / ``float8_e5m2`` casts (round-to-nearest-even) after clamping
+to the format's largest finite value, so overflow saturates instead of producing NaN/Inf.
+
+Everything here is pure PyTorch, device-agnostic, and computes in float32.
+"""
+from __future__ import annotations
+
+import torch
+
+__all__ = [
+    "E2M1_GRID",
+    "E2M1_THRESHOLDS",
+    "E2M1_MAX",
+    "round_to_e2m1",
+    "e2m1_encode",
+    "e2m1_decode",
+    "pack_e2m1",
+    "unpack_e2m1",
+    "e8m0_encode",
+    "e8m0_decode",
+    "E4M3_MAX",
+    "E5M2_MAX",
+    "round_to_fp8",
+    "fp8_quantize",
+    "round_to_int4",
+    "int4_quantize",
+    "INT4_MAX",
+]
+
+#: The 8 non-negative E2M1 values; the index of a value is its 3-bit magnitude code.
+E2M1_GRID = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+#: RTN decision thresholds (midpoints of the grid); |y| > t rounds up past t.
+E2M1_THRESHOLDS = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
+#: Largest E2M1 magnitude.
+E2M1_MAX = 6.0
+
+#: Largest finite magnitudes of the FP8 formats.
+E4M3_MAX = 448.0
+E5M2_MAX = 57344.0
+_FP8_DTYPES = {"e4m3": (torch.float8_e4m3fn, E4M3_MAX), "e5m2": (torch.float8_e5m2, E5M2_MAX)}
+
+#: Symmetric INT4 range used here: −7 … 7 (−8 is left unused so the grid is zero-centred).
+INT4_MAX = 7.0
+
+
+def _on(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return t.to(device=like.device, dtype=torch.float32)
+
+
+def _uniform(shape, generator: torch.Generator | None, device) -> torch.Tensor:
+    """U[0,1) draws from ``generator`` (which must live on ``device``) or the global RNG."""
+    return torch.rand(shape, generator=generator, device=device, dtype=torch.float32)
+
+
+def round_to_e2m1(y: torch.Tensor, stochastic: bool = False, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Round (already scaled) values to the signed E2M1 grid, saturating at ±6.
+
+    RTN: |y| > 0.25 → 0.5, > 0.75 → 1, > 1.25 → 1.5, > 1.75 → 2, > 2.5 → 3, > 3.5 → 4, > 5 → 6
+    (ties go towards zero). SR: unbiased between the two bracketing grid points, drawing uniforms
+    from ``generator`` (seeded by the caller for reproducibility).
+    """
+    y = y.float()
+    a = y.abs().clamp(max=E2M1_MAX)
+    grid = _on(E2M1_GRID, y)
+    if not stochastic:
+        # bucketize(right=False) counts thresholds strictly below |y|: that count is the grid index.
+        q = grid[torch.bucketize(a, _on(E2M1_THRESHOLDS, y))]
+    else:
+        lo_idx = (torch.bucketize(a, grid, right=True) - 1).clamp(0, 7)
+        hi_idx = (lo_idx + 1).clamp(max=7)
+        lo, hi = grid[lo_idx], grid[hi_idx]
+        width = torch.where(hi > lo, hi - lo, torch.ones_like(hi))
+        p_up = (a - lo) / width
+        q = torch.where(_uniform(a.shape, generator, a.device) < p_up, hi, lo)
+    return torch.copysign(q, y) if q.numel() else q
+
+
+def e2m1_encode(q: torch.Tensor) -> torch.Tensor:
+    """4-bit codes (uint8 holding 0..15) of values that lie exactly on the E2M1 grid."""
+    q = q.float()
+    a = q.abs()
+    idx = torch.bucketize(a, _on(E2M1_GRID, q))  # exact grid values land on their own index
+    grid = _on(E2M1_GRID, q)
+    if not torch.equal(grid[idx.clamp(max=7)], a):
+        raise ValueError("e2m1_encode: input has values that are not on the E2M1 grid (round first)")
+    sign = (q < 0).to(torch.uint8)
+    return (sign << 3) | idx.to(torch.uint8)
+
+
+def e2m1_decode(codes: torch.Tensor) -> torch.Tensor:
+    """Float32 values of 4-bit E2M1 codes (uint8 0..15)."""
+    c = codes.to(torch.int64)
+    mag = _on(E2M1_GRID, codes)[c & 7]
+    return torch.where((c & 8) != 0, -mag, mag)
+
+
+def pack_e2m1(codes: torch.Tensor) -> torch.Tensor:
+    """Pack pairs of 4-bit codes along the last dim into bytes, the first code in the low nibble."""
+    if codes.shape[-1] % 2:
+        raise ValueError(f"pack_e2m1: last dim must be even, got {codes.shape[-1]}")
+    c = codes.to(torch.uint8)
+    return (c[..., 0::2] & 15) | ((c[..., 1::2] & 15) << 4)
+
+
+def unpack_e2m1(packed: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`pack_e2m1`: bytes → 4-bit codes, last dim doubled."""
+    p = packed.to(torch.uint8)
+    return torch.stack((p & 15, p >> 4), dim=-1).reshape(*p.shape[:-1], p.shape[-1] * 2)
+
+
+def e8m0_encode(scale: torch.Tensor) -> torch.Tensor:
+    """E8M0 codes (uint8) of positive scales: floor(log2 s) + 127, clamped to [0, 254]; NaN/≤0/Inf → 255.
+
+    Exact powers of two 2^-127 … 2^127 round-trip exactly (``frexp`` handles the subnormal 2^-127).
+    """
+    s = scale.float()
+    _, exp = torch.frexp(s)  # s = m · 2^exp, m ∈ [0.5, 1)
+    code = (exp.to(torch.int64) - 1 + 127).clamp(0, 254)
+    bad = ~torch.isfinite(s) | (s <= 0)
+    return torch.where(bad, torch.full_like(code, 255), code).to(torch.uint8)
+
+
+def e8m0_decode(codes: torch.Tensor) -> torch.Tensor:
+    """Float32 scales 2^(c − 127) of E8M0 codes; code 255 decodes to NaN."""
+    c = codes.to(torch.int64)
+    val = torch.ldexp(torch.ones_like(c, dtype=torch.float32), (c - 127).to(torch.int32))
+    return torch.where(c == 255, torch.full_like(val, float("nan")), val)
+
+
+def round_to_fp8(y: torch.Tensor, fmt: str = "e4m3") -> torch.Tensor:
+    """Round float values to FP8 (``e4m3`` or ``e5m2``) with saturation; returns float32."""
+    if fmt not in _FP8_DTYPES:
+        raise ValueError(f"fp8 format must be one of {sorted(_FP8_DTYPES)}, got {fmt!r}")
+    dtype, fmax = _FP8_DTYPES[fmt]
+    return y.float().clamp(-fmax, fmax).to(dtype).float()
+
+
+def fp8_quantize(x: torch.Tensor, fmt: str = "e4m3", scaling: str = "tensor") -> tuple[torch.Tensor, torch.Tensor]:
+    """Current-scaling FP8 fake quantization → (dequantized float32, scale).
+
+    ``scaling="tensor"``: one scale amax(|x|)/fmax for the tensor; ``"row"``: one per row (last
+    dim is the GEMM reduction axis, so one scale per output row/column of the product).
+    """
+    if fmt not in _FP8_DTYPES:
+        raise ValueError(f"fp8 format must be one of {sorted(_FP8_DTYPES)}, got {fmt!r}")
+    fmax = _FP8_DTYPES[fmt][1]
+    x = x.float()
+    if scaling == "tensor":
+        amax = x.abs().amax()
+    elif scaling == "row":
+        amax = x.abs().amax(dim=-1, keepdim=True)
+    else:
+        raise ValueError(f"fp8 scaling must be 'tensor' or 'row', got {scaling!r}")
+    scale = torch.where(amax > 0, amax / fmax, torch.ones_like(amax))
+    return round_to_fp8(x / scale, fmt) * scale, scale
+
+
+def round_to_int4(y: torch.Tensor, stochastic: bool = False, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Round scaled values to the integers −7 … 7 (RTN half-away-from-zero, or unbiased SR)."""
+    y = y.float().clamp(-INT4_MAX, INT4_MAX)
+    if stochastic:
+        lo = torch.floor(y)
+        q = lo + (_uniform(y.shape, generator, y.device) < (y - lo)).float()
+    else:
+        q = torch.copysign(torch.floor(y.abs() + 0.5), y)
+    return q.clamp(-INT4_MAX, INT4_MAX)
+
+
+def int4_quantize(x: torch.Tensor, scaling: str = "row", stochastic: bool = False,
+                  generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric absmax INT4 fake quantization → (dequantized float32, scale = amax/7).
+
+    ``scaling`` is ``"row"`` (one scale per row of the last dim) or ``"tensor"``.
+    """
+    x = x.float()
+    if scaling == "tensor":
+        amax = x.abs().amax()
+    elif scaling == "row":
+        amax = x.abs().amax(dim=-1, keepdim=True)
+    else:
+        raise ValueError(f"int4 scaling must be 'tensor' or 'row', got {scaling!r}")
+    scale = torch.where(amax > 0, amax / INT4_MAX, torch.ones_like(amax))
+    return round_to_int4(x / scale, stochastic, generator) * scale, scale
