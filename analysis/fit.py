@@ -81,6 +81,9 @@ class BaseFit:
     message: str
     multistart: MultiStartLog | None = None
     run_ids: tuple[str, ...] = ()
+    #: Distinct end points of the first pass (free raw vectors, best first): warm starts for refits
+    #: of resampled data (bootstrap), which land near the same basins.
+    basins: tuple[tuple[float, ...], ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -229,6 +232,12 @@ def fit_base(n, d, loss, law: Law = BUSBRIDGE, *, delta: float = HUBER_DELTA, st
             picked.append(i)
         if len(picked) >= n_polish:
             break
+    basins = []
+    for i in order:
+        if np.isfinite(cost[i]) and all(np.max(np.abs(theta[i] - q)) > 1e-2 for q in basins):
+            basins.append(theta[i])
+        if len(basins) >= 16:
+            break
     polished = []
     for i in picked:
         try:
@@ -254,7 +263,8 @@ def fit_base(n, d, loss, law: Law = BUSBRIDGE, *, delta: float = HUBER_DELTA, st
     status, message = _base_status(law, raw, best_res, log_obs.size)
     return BaseFit(law=law.name, params=raw_to_params(raw), raw=tuple(float(x) for x in raw),
                    free=tuple(RAW_NAMES[i] for i in law.free), cost=best_cost, n_points=int(log_obs.size),
-                   status=status, message=message, multistart=ms, run_ids=tuple(str(r) for r in run_ids))
+                   status=status, message=message, multistart=ms, run_ids=tuple(str(r) for r in run_ids),
+                   basins=tuple([tuple(best_x.tolist())] + [tuple(b.tolist()) for b in basins]))
 
 
 def _base_status(law: Law, raw: np.ndarray, res, n_points: int) -> tuple[str, str]:
@@ -283,11 +293,12 @@ def scheme_kind(forward: str, backward: str, base_label: str = "bf16") -> str:
 
 
 def fit_efficiency(base: BaseFit | dict, n, d, loss, kind: str, *, scheme: str = "", forward: str = "",
-                   backward: str = "", delta: float = HUBER_DELTA, run_ids=()) -> EffFit:
+                   backward: str = "", delta: float = HUBER_DELTA, run_ids=(), starts=None) -> EffFit:
     """Stage 2: fit effN (``kind='forward'``), effD (``'backward'``) or both (``'joint'``), base frozen.
 
     Starts as the paper: effN = 0.5 (forward-only), effD = 1.0 (backward-only), the grid {0.5, 1}²
-    (joint); best cost wins. Fitted as ln eff within :data:`EFF_BOUNDS`.
+    (joint); best cost wins. Fitted as ln eff within :data:`EFF_BOUNDS`. ``starts`` overrides them
+    with (effN, effD) pairs (e.g. the full-data estimate when bootstrapping).
     """
     if kind not in ("forward", "backward", "joint"):
         raise AnalysisError(f"kind must be forward, backward or joint (got {kind!r})")
@@ -319,7 +330,10 @@ def fit_efficiency(base: BaseFit | dict, n, d, loss, kind: str, *, scheme: str =
         use = {"forward": ("n",), "backward": ("d",), "joint": ("n", "d")}[kind]
         return np.stack([cols[c] for c in use], axis=-1)
 
-    if kind == "forward":
+    if starts is not None:
+        pick = {"forward": [0], "backward": [1], "joint": [0, 1]}[kind]
+        starts = [list(np.log(np.asarray(s_, float)[pick])) for s_ in starts]
+    elif kind == "forward":
         starts = [[np.log(0.5)]]
     elif kind == "backward":
         starts = [[0.0]]
