@@ -1,0 +1,372 @@
+"""Fused MXFP4 operand quantizers in Triton: one pass over a bf16 operand.
+
+The maths (the same as the pure-PyTorch oracle in :mod:`quartet.quant`):
+
+* An operand of a GEMM ``C = A @ B.T`` is read as a logical matrix ``A[r, k]`` (``R`` rows, ``K`` the
+  contraction axis) straight from its stored layout — a row-major tensor gives ``A`` itself, and the same
+  tensor read with swapped strides gives ``Aᵀ``. So the transposed operands of the backward GEMMs
+  (``Eᵀ``, ``X̂ᵀ``, ``Ŵᵀ``) are quantized without a transpose copy: the kernel loads the tile with the
+  strides it is given and always *writes* ``(R, K)`` row-major, the layout FP8/FP4 GEMMs want.
+* Each 32-group along ``k`` is rotated by ``y = (x ⊙ s) @ H₃₂`` (``s`` optional random ±1 signs applied
+  BEFORE the Sylvester Hadamard, ``H₃₂`` orthonormal). We multiply by the ±1 matrix on the tensor cores
+  (bf16 products of ±1 are exact, fp32 accumulation) and scale by ``1/√32`` afterwards.
+* A group scale ``σ_g``: QuEST ``2^⌊log2(0.48707976·std(y)+1e-8)⌋`` (population std), the Quartet
+  backward absmax rule ``2^(⌊log2 amax⌋−2)·4/3`` (nothing clips), or the OCP rule ``2^(⌊log2 amax⌋−2)``.
+  ``⌊log2 v⌋`` is read from the float's exponent bits, so it is exact (no ``log2`` approximation).
+* ``y/σ`` is rounded onto the E2M1 grid {0, .5, 1, 1.5, 2, 3, 4, 6}: round-to-nearest with the thresholds
+  0.25/0.75/1.25/1.75/2.5/3.5/5, or stochastically (P(up) = distance to the lower grid point over the
+  gap, uniform numbers from Triton's Philox ``tl.rand(seed, element index)``); it saturates at 6. The
+  QuEST mask is ``|y/σ| < 6``.
+* Outputs (chosen per call): the dequantized ``q·σ`` (exact in bf16), packed E2M1 codes + E8M0 scales
+  (Blackwell MXFP4), or FP8 with a folded per-row scale (Hopper): every E2M1 value times a power of two is
+  an FP8 number, so ``q·σ_g = fp8(q·2^(e_g − e_row + shift)) · 2^(e_row − shift)`` [·4/3] where ``e_row`` is
+  the largest group exponent of the row. That is exact while ``e_row − e_g`` stays within the FP8 format's
+  range (≈14 binades for e4m3, ≈28 for e5m2); values beyond it are *flushed* (rounded in FP8) and counted.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+try:  # Triton ships with CUDA builds of torch; on a CPU box it is optional (interpreter mode for tests).
+    import triton
+    import triton.language as tl
+
+    HAS_TRITON = True
+except ImportError:  # pragma: no cover - exercised only where triton is missing
+    triton = None
+    tl = None
+    HAS_TRITON = False
+
+#: scale rules (constexpr codes of the kernel)
+RULE_QUEST, RULE_ABSMAX43, RULE_ABSMAX = 0, 1, 2
+RULES = {"quest": RULE_QUEST, "absmax": RULE_ABSMAX43, "rtn_absmax": RULE_ABSMAX}
+#: output modes of the kernel
+MODE_DEQ, MODE_MX, MODE_ROWEXP, MODE_FP8 = 0, 1, 2, 3
+#: FP8 folding: the per-group value q·2^(d+shift) with d = e_g - e_row <= 0 is exact down to ``min_exp``
+#: (the exponent of the format's smallest subnormal step that still holds a 2-bit E2M1 significand).
+FP8_FORMATS = {
+    # name: (torch dtype name, shift so that 6·2^shift fits, smallest exact exponent of 0.5·2^(d+shift))
+    "e4m3": ("float8_e4m3fn", 6, -9),   # 6·64 = 384 <= 448; subnormal step 2^-9
+    "e5m2": ("float8_e5m2", 13, -16),   # 6·8192 = 49152 <= 57344; subnormal step 2^-16
+}
+INV_SQRT32 = 1.0 / math.sqrt(32.0)
+
+
+def sylvester_pm1(n: int = 32) -> torch.Tensor:
+    """The unnormalized ±1 Sylvester Hadamard matrix of order ``n`` (a power of two), float32."""
+    h = torch.ones(1, 1)
+    while h.shape[0] < n:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return h
+
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _exp2i(e):
+        """2**e for an int32 tensor e in [-126, 127], built from the exponent bits (exact)."""
+        return ((e + 127) << 23).to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _mx_quant_kernel(
+        x_ptr, R, K, stride_r, stride_k,
+        signs_ptr, h_ptr,
+        deq_ptr, mask_ptr, codes_ptr, scale_ptr, fp8_ptr, rowexp_ptr, flush_ptr,
+        seed,
+        RULE: tl.constexpr, STOCHASTIC: tl.constexpr, HADAMARD: tl.constexpr, HAS_SIGNS: tl.constexpr,
+        MODE: tl.constexpr, WRITE_MASK: tl.constexpr, WRITE_DEQ: tl.constexpr, DOT_BF16: tl.constexpr,
+        FP8_SHIFT: tl.constexpr, FP8_MIN_EXP: tl.constexpr,
+        BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
+    ):
+        G: tl.constexpr = BLOCK_R * BLOCK_K // 32
+        pid_r = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        offs_r = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
+        offs_k = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
+        rmask = offs_r < R
+        inb = rmask[:, None] & (offs_k[None, :] < K)
+        src = x_ptr + offs_r[:, None].to(tl.int64) * stride_r + offs_k[None, :].to(tl.int64) * stride_k
+        x = tl.load(src, mask=inb, other=0.0)
+        xg = tl.reshape(x, (G, 32))
+
+        # ---- rotation: (x ⊙ signs) @ H±1, then 1/sqrt(32) -----------------------------------------
+        if HADAMARD:
+            j = tl.arange(0, 32)
+            h = tl.load(h_ptr + j[:, None] * 32 + j[None, :])
+            if HAS_SIGNS:
+                sg = tl.load(signs_ptr + j)
+                h = h * sg[:, None]  # diag(s) @ H: still ±1, so the products stay exact
+            if DOT_BF16:
+                y = tl.dot(xg.to(tl.bfloat16), h.to(tl.bfloat16), out_dtype=tl.float32)
+            else:
+                y = tl.dot(xg.to(tl.float32), h.to(tl.float32), input_precision="ieee")
+            y = y * 0.17677669529663687
+        else:
+            y = xg.to(tl.float32)
+
+        # ---- group scale exponent (exact floor(log2 v) from the float bits) ---------------------------
+        if RULE == 0:
+            # two-pass population std (mean first), as torch.std(unbiased=False) in the oracle
+            mean = tl.sum(y, axis=1) / 32.0
+            dev_ = y - mean[:, None]
+            var = tl.sum(dev_ * dev_, axis=1) / 32.0
+            v = 0.48707976 * tl.sqrt_rn(var) + 1e-8
+            e = ((v.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+        else:
+            v = tl.max(tl.abs(y), axis=1)
+            e = ((v.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127 - 2
+            e = tl.where(v > 0.0, tl.maximum(e, -126), -2)  # all-zero group: scale 2^-2 as the oracle
+
+        if MODE == 2:
+            # row pass for the FP8 fold: the largest group exponent of each output row
+            er = tl.max(tl.reshape(e, (BLOCK_R, BLOCK_K // 32)), axis=1)
+            tl.atomic_max(rowexp_ptr + offs_r, er, mask=rmask)
+        else:
+            # ---- scale and round ------------------------------------------------------------------
+            if RULE == 1:
+                # oracle order: divide by the exact power of two, then multiply by 3/4 (one rounding)
+                s = _exp2i(e) * 1.3333333333333333
+                yq = (y * _exp2i(-e)[:, None]) * 0.75
+            else:
+                s = _exp2i(e)
+                yq = y * _exp2i(-e)[:, None]  # exact: power-of-two scale
+            a = tl.abs(yq)
+            if STOCHASTIC:
+                offs = offs_r[:, None] * K + offs_k[None, :]
+                rnd = tl.reshape(tl.rand(seed, offs), (G, 32))
+                step = tl.where(a < 2.0, 0.5, tl.where(a < 4.0, 1.0, 2.0))
+                lo = tl.floor(a / step) * step
+                up = rnd < (a - lo) / step
+                q = tl.minimum(tl.where(up, lo + step, lo), 6.0)
+            else:
+                q = tl.where(a > 5.0, 6.0, tl.where(a > 3.5, 4.0, tl.where(a > 2.5, 3.0, tl.where(
+                    a > 1.75, 2.0, tl.where(a > 1.25, 1.5, tl.where(a > 0.75, 1.0, tl.where(a > 0.25, 0.5, 0.0)))))))
+            neg = yq < 0
+            out_offs = offs_r[:, None].to(tl.int64) * K + offs_k[None, :]
+
+            if WRITE_MASK:
+                keep = tl.reshape(a < 6.0, (BLOCK_R, BLOCK_K))
+                tl.store(mask_ptr + out_offs, keep.to(tl.int8), mask=inb)
+            if WRITE_DEQ:
+                if RULE == 1:
+                    deq = (tl.where(neg, -q, q) * _exp2i(e)[:, None]) * 1.3333333333333333
+                else:
+                    deq = tl.where(neg, -q, q) * s[:, None]
+                tl.store(deq_ptr + out_offs, tl.reshape(deq, (BLOCK_R, BLOCK_K)).to(deq_ptr.dtype.element_ty), mask=inb)
+            if MODE == 1:
+                mag = tl.where(q < 2.0, q * 2.0, tl.where(q < 4.0, q + 2.0, tl.where(q < 5.0, 6.0, 7.0)))
+                code = mag.to(tl.int32) | tl.where(neg & (q > 0.0), 8, 0)
+                code = tl.reshape(code, (BLOCK_R, BLOCK_K // 2, 2))
+                lo_c, hi_c = tl.split(code)
+                packed = (lo_c | (hi_c << 4)).to(tl.uint8)
+                offs_p = pid_k * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)
+                pdst = codes_ptr + offs_r[:, None].to(tl.int64) * (K // 2) + offs_p[None, :]
+                tl.store(pdst, packed, mask=rmask[:, None] & (offs_p[None, :] < K // 2))
+                offs_g = pid_k * (BLOCK_K // 32) + tl.arange(0, BLOCK_K // 32)
+                e8 = tl.reshape(e + 127, (BLOCK_R, BLOCK_K // 32)).to(tl.uint8)
+                sdst = scale_ptr + offs_r[:, None].to(tl.int64) * (K // 32) + offs_g[None, :]
+                tl.store(sdst, e8, mask=rmask[:, None] & (offs_g[None, :] < K // 32))
+            if MODE == 3:
+                er = tl.load(rowexp_ptr + offs_r, mask=rmask, other=0)
+                d = tl.reshape(tl.reshape(e, (BLOCK_R, BLOCK_K // 32)) - er[:, None], (G,)) + FP8_SHIFT
+                val = tl.where(neg, -q, q) * _exp2i(tl.maximum(d, -126))[:, None]
+                f8 = val.to(fp8_ptr.dtype.element_ty)
+                # a value is flushed when the FP8 number differs from the exact folded value
+                flushed = (f8.to(tl.float32) != val) & (tl.reshape(inb, (G, 32)))
+                tl.atomic_add(flush_ptr, tl.sum(tl.sum(flushed.to(tl.int32), axis=1), axis=0))
+                tl.store(fp8_ptr + out_offs, tl.reshape(f8, (BLOCK_R, BLOCK_K)), mask=inb)
+
+    @triton.jit
+    def _masked_ihadamard_kernel(g_ptr, mask_ptr, h_ptr, out_ptr, R, K, scale,
+                                 HAS_MASK: tl.constexpr, DOT_MODE: tl.constexpr,
+                                 BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+        """out = ((g ⊙ mask) · scale) @ H₃₂ᵀ blockwise along the last dim (the quantizer's STE backward)."""
+        G: tl.constexpr = BLOCK_R * BLOCK_K // 32
+        offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+        offs_k = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+        inb = (offs_r[:, None] < R) & (offs_k[None, :] < K)
+        offs = offs_r[:, None].to(tl.int64) * K + offs_k[None, :]
+        g = tl.load(g_ptr + offs, mask=inb, other=0.0).to(tl.float32)
+        if HAS_MASK:
+            m = tl.load(mask_ptr + offs, mask=inb, other=0)
+            g = tl.where(m != 0, g, 0.0)
+        j = tl.arange(0, 32)
+        h = tl.load(h_ptr + j[:, None] * 32 + j[None, :])
+        gg = tl.reshape(g, (G, 32))
+        # H is symmetric, so H^T = H; a bf16 high part plus a bf16 low part keeps ~16 bits of an fp32 input
+        if DOT_MODE == 0:  # exact fp32 (the CPU interpreter)
+            y = tl.dot(gg, h, input_precision="ieee")
+        else:
+            hi = gg.to(tl.bfloat16)
+            y = tl.dot(hi, h.to(tl.bfloat16), out_dtype=tl.float32)
+            if DOT_MODE == 2:
+                lo = (gg - hi.to(tl.float32)).to(tl.bfloat16)
+                y += tl.dot(lo, h.to(tl.bfloat16), out_dtype=tl.float32)
+        y = y * (scale * 0.17677669529663687)
+        tl.store(out_ptr + offs, tl.reshape(y, (BLOCK_R, BLOCK_K)).to(out_ptr.dtype.element_ty), mask=inb)
+
+
+# ------------------------------------------------------------------------------------------------
+# Python wrappers
+# ------------------------------------------------------------------------------------------------
+_H_CACHE: dict[tuple[str, int | None], torch.Tensor] = {}
+
+
+def _hmat(device: torch.device) -> torch.Tensor:
+    key = (device.type, device.index)
+    if key not in _H_CACHE:
+        _H_CACHE[key] = sylvester_pm1(32).to(device=device, dtype=torch.float32).contiguous()
+    return _H_CACHE[key]
+
+
+class QuantizedOperand:
+    """One quantized GEMM operand, always laid out ``(R, K)`` row-major with groups of 32 along ``K``.
+
+    Fields are ``None`` unless requested: ``deq`` (dequantized values, bf16 by default), ``mask`` (bool,
+    QuEST "not clipped"), ``fp8`` + ``row_scale`` (``(R, 1)`` float32; ``fp8 * row_scale == deq`` where
+    nothing was flushed), ``codes`` (``(R, K/2)`` uint8, two E2M1 codes per byte, low nibble first) +
+    ``e8m0`` (``(R, K/32)`` uint8 biased exponents), ``flushed`` (int32 count of FP8 values that are not
+    exact), ``factor`` (the non-power-of-two part of the scale that E8M0 cannot hold: 4/3 for the
+    Quartet backward absmax rule, else 1 — a GEMM on ``codes`` multiplies its output by the product).
+    """
+
+    __slots__ = ("deq", "mask", "fp8", "row_scale", "codes", "e8m0", "flushed", "factor", "rowexp", "fp8_shift")
+
+    def __init__(self, **kw):
+        for name in self.__slots__:
+            setattr(self, name, kw.get(name))
+        if self.factor is None:
+            self.factor = 1.0
+
+
+def _logical(x: torch.Tensor, axis: int):
+    """(R, K, stride_r, stride_k) of the logical matrix whose rows hold groups along ``axis``."""
+    if x.dim() != 2:
+        raise ValueError(f"expected a 2-D operand, got shape {tuple(x.shape)}")
+    if axis in (-1, 1):
+        return x.shape[0], x.shape[1], x.stride(0), x.stride(1)
+    if axis == 0:
+        return x.shape[1], x.shape[0], x.stride(1), x.stride(0)
+    raise ValueError(f"axis must be 0, 1 or -1, got {axis}")
+
+
+def _blocks(R: int, K: int, device: torch.device) -> tuple[int, int, int]:
+    """Tile shape and warps: big tiles on the GPU, small ones for the CPU interpreter."""
+    if device.type != "cuda":
+        return 16, 64, 4
+    block_k = 128 if K % 128 == 0 else (64 if K % 64 == 0 else 32)
+    return 32, block_k, 4
+
+
+def mx_quantize(
+    x: torch.Tensor,
+    *,
+    axis: int = -1,
+    rule: str = "quest",
+    stochastic: bool = False,
+    seed: int = 0,
+    hadamard: bool = True,
+    signs: torch.Tensor | None = None,
+    deq: bool = True,
+    mask: bool = False,
+    mx: bool = False,
+    fp8: str | None = None,
+    out_dtype: torch.dtype = torch.bfloat16,
+    block: tuple[int, int, int] | None = None,
+) -> QuantizedOperand:
+    """Quantize a 2-D operand to MXFP4 in one fused pass (plus a row-exponent pass when ``fp8`` is set).
+
+    ``axis`` is the group (contraction) axis of the *stored* tensor: ``-1`` groups along rows of ``x``,
+    ``0`` groups along its columns and returns outputs for ``x.T`` without ever copying ``x.T``.
+    ``rule`` is ``quest`` | ``absmax`` (Quartet backward, ×4/3, no clipping) | ``rtn_absmax`` (OCP).
+    ``stochastic`` rounds with Philox numbers keyed by ``seed`` and the element index (a new seed per
+    call gives a new stream). ``signs`` (32 values ±1) randomize the Hadamard (applied before H).
+    ``fp8`` (``"e4m3"``/``"e5m2"``) also returns the operand folded into FP8 with one scale per row.
+    """
+    if not HAS_TRITON:
+        raise RuntimeError("triton is not installed; the fused quantizers need it")
+    if rule not in RULES:
+        raise ValueError(f"rule must be one of {sorted(RULES)}, got {rule!r}")
+    if fp8 is not None and fp8 not in FP8_FORMATS:
+        raise ValueError(f"fp8 must be one of {sorted(FP8_FORMATS)} or None, got {fp8!r}")
+    R, K, s_r, s_k = _logical(x, axis)
+    if K % 32:
+        raise ValueError(f"the group axis must be a multiple of 32, got {K}")
+    dev = x.device
+    br, bk, warps = block or _blocks(R, K, dev)
+    while K % bk:
+        bk //= 2
+    grid = (triton.cdiv(R, br), triton.cdiv(K, bk))
+    h = _hmat(dev)
+    sg = signs.to(device=dev, dtype=torch.float32).contiguous() if signs is not None else h  # dummy ptr if unused
+    dummy = torch.empty(1, device=dev, dtype=torch.int32)
+    out = QuantizedOperand(factor=4.0 / 3.0 if rule == "absmax" else 1.0)
+    if deq:
+        out.deq = torch.empty(R, K, device=dev, dtype=out_dtype)
+    if mask:
+        out.mask = torch.empty(R, K, device=dev, dtype=torch.bool)
+    common = dict(
+        RULE=RULES[rule], STOCHASTIC=bool(stochastic), HADAMARD=bool(hadamard), HAS_SIGNS=signs is not None,
+        # bf16 tensor-core dot on the GPU (exact: ±1 weights); the CPU interpreter has no bf16 dot
+        DOT_BF16=x.dtype == torch.bfloat16 and dev.type == "cuda", BLOCK_R=br, BLOCK_K=bk, num_warps=warps,
+    )
+    mask_t = out.mask.view(torch.int8) if mask else dummy
+    deq_t = out.deq if deq else dummy
+    codes_t = e8_t = fp8_t = rowexp = flush = dummy
+    if mx:
+        out.codes = torch.empty(R, K // 2, device=dev, dtype=torch.uint8)
+        out.e8m0 = torch.empty(R, K // 32, device=dev, dtype=torch.uint8)
+        codes_t, e8_t = out.codes, out.e8m0
+    if fp8 is not None:
+        dtype_name, shift, min_exp = FP8_FORMATS[fp8]
+        rowexp = torch.full((R,), -127, device=dev, dtype=torch.int32)
+        flush = torch.zeros(1, device=dev, dtype=torch.int32)
+        _mx_quant_kernel[grid](x, R, K, s_r, s_k, sg, h, dummy, dummy, dummy, dummy, dummy, rowexp, dummy, seed,
+                               MODE=MODE_ROWEXP, WRITE_MASK=False, WRITE_DEQ=False,
+                               FP8_SHIFT=shift, FP8_MIN_EXP=min_exp, **common)
+        out.fp8 = torch.empty(R, K, device=dev, dtype=getattr(torch, dtype_name))
+        fp8_t = out.fp8
+        out.rowexp = rowexp
+        out.fp8_shift = shift
+        out.flushed = flush
+        mode = MODE_FP8
+    else:
+        shift, min_exp = 0, 0
+        mode = MODE_MX if mx else MODE_DEQ
+    if mx and fp8 is not None:
+        raise ValueError("ask for mx codes or fp8, not both, in one call")
+    if mode == MODE_DEQ and not (deq or mask):
+        raise ValueError("nothing to compute: ask for deq, mask, mx or fp8")
+    _mx_quant_kernel[grid](x, R, K, s_r, s_k, sg, h, deq_t, mask_t, codes_t, e8_t, fp8_t, rowexp, flush, seed,
+                           MODE=mode, WRITE_MASK=bool(mask), WRITE_DEQ=bool(deq),
+                           FP8_SHIFT=shift, FP8_MIN_EXP=min_exp, **common)
+    if fp8 is not None:
+        # row scale 2^(e_row - shift) [x4/3]; exact powers of two in float32
+        out.row_scale = (torch.exp2((out.rowexp - out.fp8_shift).to(torch.float32)) * out.factor).unsqueeze(1)
+    return out
+
+
+def masked_inverse_hadamard(g: torch.Tensor, mask: torch.Tensor | None, scale: float = 1.0,
+                            out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``((g ⊙ mask)·scale) @ blockdiag(H₃₂)ᵀ`` along the last dim of a 2-D ``g`` (one fused pass).
+
+    This is the straight-through backward of the rotated QuEST quantizer: zero the gradient where the
+    forward value was clipped, then rotate back to the input basis.
+    """
+    if not HAS_TRITON:
+        raise RuntimeError("triton is not installed; the fused kernels need it")
+    g = g.contiguous()
+    R, K = g.shape
+    if K % 32:
+        raise ValueError(f"the last dim must be a multiple of 32, got {K}")
+    br, bk, warps = _blocks(R, K, g.device)
+    while K % bk:
+        bk //= 2
+    out = torch.empty(R, K, device=g.device, dtype=out_dtype or g.dtype)
+    m = mask.contiguous().view(torch.int8) if mask is not None else g
+    _masked_ihadamard_kernel[(triton.cdiv(R, br), triton.cdiv(K, bk))](
+        g, m, _hmat(g.device), out, R, K, float(scale), HAS_MASK=mask is not None,
+        DOT_MODE=0 if g.device.type != "cuda" else (1 if g.dtype == torch.bfloat16 else 2), BLOCK_R=br, BLOCK_K=bk, num_warps=warps)
+    return out

@@ -1,0 +1,156 @@
+"""Fused Triton quantizers against the pure-PyTorch oracle (quartet.quant).
+
+On a CPU box the kernels run in Triton's interpreter on small shapes; on a GPU the same tests run on
+the device (and the ``gpu``-marked ones add large shapes and the FP8 fold).
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+
+from quartet.kernels import triton_quant as tq  # noqa: E402
+from quartet.quant import formats, hadamard, mx  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+SHAPES = [(32, 64), (64, 96), (96, 256)] if DEV == "cpu" else [(128, 256), (992, 544), (4096, 1024)]
+
+
+def _exact_rotation(x: torch.Tensor, signs: torch.Tensor | None) -> torch.Tensor:
+    """The rotation the kernel computes: exact ±1 sums (float64), times fp32(1/sqrt 32), rounded once."""
+    h = tq.sylvester_pm1(32).double()
+    if signs is not None:
+        h = signs.double().cpu().unsqueeze(1) * h
+    xb = x.double().cpu().reshape(*x.shape[:-1], -1, 32)
+    c = float(torch.tensor(tq.INV_SQRT32, dtype=torch.float32))
+    return ((xb @ h).float().double() * c).float().reshape(x.shape)
+
+
+def _logical(x, axis):
+    return x if axis in (-1, 1) else x.t()
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("axis", [-1, 0])
+def test_quest_bitwise_without_rotation(shape, axis):
+    g = torch.Generator().manual_seed(hash((shape, axis)) % 2**31)
+    x = (torch.randn(*shape, generator=g) * torch.rand(shape[0], 1, generator=g) * 3).to(torch.bfloat16)
+    out = tq.mx_quantize(x.to(DEV), axis=axis, rule="quest", hadamard=False, mask=True, out_dtype=torch.float32)
+    ref, ref_mask = mx.quest_mxfp4(_logical(x, axis).float())
+    assert torch.equal(out.deq.cpu(), ref)
+    assert torch.equal(out.mask.cpu(), ref_mask)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("axis", [-1, 0])
+@pytest.mark.parametrize("with_signs", [False, True])
+def test_quest_bitwise_with_fused_rotation(shape, axis, with_signs):
+    g = torch.Generator().manual_seed(7 + hash((shape, axis, with_signs)) % 2**31)
+    x = torch.randn(*shape, generator=g).to(torch.bfloat16)
+    signs = hadamard.random_signs(32, g) if with_signs else None
+    out = tq.mx_quantize(x.to(DEV), axis=axis, rule="quest", signs=signs, mask=True, out_dtype=torch.float32)
+    xl = _logical(x, axis)
+    ref, ref_mask = mx.quest_mxfp4(_exact_rotation(xl, signs))
+    assert torch.equal(out.deq.cpu(), ref)
+    assert torch.equal(out.mask.cpu(), ref_mask)
+    # against the oracle's own float32 matmul rotation: equal except at ulp-level rounding ties
+    ref2, _ = mx.quest_mxfp4(hadamard.block_hadamard(xl.float(), 32, signs))
+    assert (out.deq.cpu() != ref2).float().mean().item() < 1e-3
+
+
+@pytest.mark.parametrize("rule", ["absmax", "rtn_absmax"])
+@pytest.mark.parametrize("axis", [-1, 0])
+def test_absmax_rtn_bitwise(rule, axis):
+    g = torch.Generator().manual_seed(11 if axis else 12)
+    x = (torch.randn(64, 128, generator=g) * torch.exp(torch.randn(64, 1, generator=g) * 2)).to(torch.bfloat16)
+    x[3, :32] = 0  # an all-zero group
+    out = tq.mx_quantize(x.to(DEV), axis=axis, rule=rule, hadamard=False, out_dtype=torch.float32)
+    xl = _logical(x, axis).float()
+    ref = mx.absmax_mxfp4(xl) if rule == "absmax" else mx.rtn_absmax_mxfp4(xl)
+    assert torch.equal(out.deq.cpu(), ref)
+
+
+@pytest.mark.parametrize("rule", ["quest", "absmax"])
+@pytest.mark.parametrize("axis", [-1, 0])
+def test_mx_codes_and_scales_match_oracle(rule, axis):
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(32, 128, generator=g).to(torch.bfloat16)
+    out = tq.mx_quantize(x.to(DEV), axis=axis, rule=rule, hadamard=False, mx=True, out_dtype=torch.float32)
+    xl = _logical(x, axis).float()
+    if rule == "quest":
+        xq, _ = mx.quest_mxfp4(xl)
+        codes, e8 = mx.mx_codes(xq, mx.quest_scales(xl))
+    else:
+        xq = mx.absmax_mxfp4(xl)
+        codes, e8 = mx.mx_codes(xq, mx.absmax_scales(xl), factor=4.0 / 3.0)
+    assert torch.equal(out.codes.cpu(), formats.pack_e2m1(codes))
+    assert torch.equal(out.e8m0.cpu(), e8)
+    # the packed form decodes back to the dequantized values
+    dec = formats.e2m1_decode(formats.unpack_e2m1(out.codes.cpu())).reshape(-1, 32)
+    dec = dec * formats.e8m0_decode(out.e8m0.cpu()).reshape(-1, 1) * out.factor
+    assert torch.equal(dec.reshape(xq.shape), out.deq.cpu())
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("axis", [-1, 0])
+def test_fp8_fold_is_exact_and_counts_flushes(fmt, axis):
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(64, 128, generator=g).to(torch.bfloat16)
+    out = tq.mx_quantize(x.to(DEV), axis=axis, rule="quest", hadamard=True, fp8=fmt, out_dtype=torch.float32)
+    folded = out.fp8.cpu().float() * out.row_scale.cpu()
+    assert out.flushed.item() == 0
+    assert torch.equal(folded, out.deq.cpu())
+    # a row whose groups span ~40 binades: the small groups cannot all be exact in FP8 -> counted
+    y = torch.randn(64, 128, generator=g)
+    scale = torch.ones(64, 128)
+    scale[:, :32] = 2.0 ** 20
+    scale[:, 32:64] = 2.0 ** -20
+    yl = (y * scale).to(torch.bfloat16)  # the logical (R, K) operand
+    stored = yl if axis in (-1, 1) else yl.t().contiguous()
+    o2 = tq.mx_quantize(stored.to(DEV), axis=axis, rule="quest", hadamard=False, fp8=fmt, out_dtype=torch.float32)
+    diff = (o2.fp8.cpu().float() * o2.row_scale.cpu() != o2.deq.cpu()).sum().item()
+    assert o2.flushed.item() == diff > 0
+
+
+def test_sr_unbiased_reproducible_and_distinct_streams():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(32, 64, generator=g).to(torch.bfloat16)
+    xl = x.to(DEV)
+    runs = [tq.mx_quantize(xl, rule="absmax", stochastic=True, seed=s, hadamard=False, out_dtype=torch.float32).deq.cpu()
+            for s in range(200)]
+    stack = torch.stack(runs)
+    # unbiased: the mean over seeds converges to the input (absmax never clips); standard-error bound
+    sd = stack.std(0) / math.sqrt(len(runs))
+    err = (stack.mean(0) - x.float()).abs()
+    assert (err <= 5 * sd + 1e-6).float().mean() > 0.999
+    # the oracle's SR has the same per-element expectation and spread
+    ref = torch.stack([mx.absmax_mxfp4(x.float(), stochastic=True, generator=torch.Generator().manual_seed(s))
+                       for s in range(200)])
+    assert (ref.mean(0) - stack.mean(0)).abs().max() < 0.5 * x.float().abs().max()
+    assert abs(ref.var(0).mean().item() - stack.var(0).mean().item()) < 0.2 * ref.var(0).mean().item()
+    # reproducible for a seed, distinct across seeds
+    again = tq.mx_quantize(xl, rule="absmax", stochastic=True, seed=5, hadamard=False, out_dtype=torch.float32).deq.cpu()
+    assert torch.equal(again, runs[5])
+    assert not torch.equal(runs[5], runs[6])
+    # every SR value is one of the two grid neighbours of the RTN-free exact value
+    rtn = tq.mx_quantize(xl, rule="absmax", hadamard=False, out_dtype=torch.float32).deq.cpu()
+    assert ((runs[0] - rtn).abs() <= x.float().abs().amax() * 2).all()
+
+
+def test_masked_inverse_hadamard_matches_oracle():
+    g = torch.Generator().manual_seed(9)
+    gr = torch.randn(32, 128, generator=g)
+    m = torch.rand(32, 128, generator=g) > 0.1
+    out = tq.masked_inverse_hadamard(gr.to(DEV), m.to(DEV), scale=16 / 9, out_dtype=torch.float32).cpu()
+    ref = hadamard.block_hadamard(gr * m * (16 / 9), 32, inverse=True)
+    assert torch.allclose(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_bad_inputs_raise_clear_errors():
+    with pytest.raises(ValueError, match="multiple of 32"):
+        tq.mx_quantize(torch.randn(4, 48).to(DEV))
+    with pytest.raises(ValueError, match="rule"):
+        tq.mx_quantize(torch.randn(4, 64).to(DEV), rule="nope")
