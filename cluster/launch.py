@@ -1,0 +1,297 @@
+"""``quartet sweep NAME [--cluster PROFILE] [--dry-run] [overrides...]``: plan, claim, submit.
+
+1. Load ``sweeps/NAME.yaml`` and the cluster profile; compose + resolve EVERY run (one bad run ->
+   nothing is submitted; the error names the run and the key).
+2. Print the plan (per run N, D, steps, LR, FLOPs = 6·N·D, device-hours; new / done / running /
+   failed counts; job arrays for Slurm).
+3. For each run that is neither finished (``summary.json``) nor held by a live job: claim it
+   atomically (``runstate.try_claim``), write its resolved ``config.yaml``, then submit.
+   - ``slurm``: one submitit job array per resource shape (split above MaxArraySize, ``%N`` cap);
+     returns at once. sbatch scripts and logs stay in ``<runs>/<sweep>/slurm/``.
+   - ``local``: a pool of ``workers`` processes (``threads_per_worker`` torch threads each) on this
+     machine; blocks with per-run and whole-sweep progress. Ctrl-C checkpoints the running runs.
+
+Override routing: ``cluster.<key>=v`` edits the profile, ``sweep.<key>=v`` edits the sweep spec
+(e.g. ``sweep.axes.precision=[bf16]``), anything else is a Hydra override applied to every run.
+
+submitit directly, not Hydra's submitit launcher: the launcher runs *inside* ``@hydra.main
+--multirun`` and owns job/run directories and requeue (it resubmits the Hydra job and has no notion
+of "already done"), while we need a plan before submission, skip-if-done + atomic claims, run
+directories named by the run id, per-size resource shapes (one array each) and a Checkpointable
+that stops the trainer at a step boundary. Composition still uses Hydra's compose API.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+from cluster import runstate
+from cluster.plan import Plan, PlannedRun, build_plan, render_plan, write_run_config
+from cluster.profiles import ClusterProfile, load_profile
+from cluster.spec import load_sweep
+from quartet.errors import QuartetError
+
+
+def split_overrides(items: list[str]) -> tuple[list[str], list[str], list[str]]:
+    """(sweep edits, cluster edits, run overrides) from the CLI's trailing ``key=value`` items."""
+    sweep, cluster, run = [], [], []
+    for item in items:
+        if "=" not in item:
+            raise QuartetError(f"override {item!r}: expected key=value (e.g. cluster.partition=gpu, run.seed=1)")
+        if item.startswith("sweep."):
+            sweep.append(item[len("sweep."):])
+        elif item.startswith("cluster."):
+            cluster.append(item[len("cluster."):])
+        else:
+            run.append(item)
+    return sweep, cluster, run
+
+
+def default_runs_root() -> Path:
+    """QUARTET_RUNS or ./runs of the checkout."""
+    from quartet.paths import runs_root
+
+    return runs_root()
+
+
+def make_plan(name: str, cluster: str | None, overrides: list[str], runs_dir: str | None = None,
+              with_state: bool = True) -> Plan:
+    """Load sweep + profile and build the validated plan (no side effects)."""
+    sweep_ov, cluster_ov, run_ov = split_overrides(overrides)
+    spec = load_sweep(name, sweep_ov)
+    profile = load_profile(cluster or spec.cluster, cluster_ov)
+    root = Path(runs_dir) if runs_dir else default_runs_root()
+    return build_plan(spec, profile, root, run_ov, with_state=with_state, progress=True)
+
+
+def claim_and_prepare(plan: Plan, runs: list[PlannedRun]) -> tuple[list[PlannedRun], list[PlannedRun]]:
+    """Claim each run and write its config.yaml; returns (claimed, taken by another launch)."""
+    from cluster import slurm
+
+    queue = slurm.queue() if slurm.available() else None
+    claimed, taken = [], []
+    for r in runs:
+        if runstate.try_claim(r.run_dir, {"scheduler": plan.profile.kind, "sweep": plan.spec.name}, queue):
+            write_run_config(r, plan.profile)
+            # drop a stale stop request left by an interrupted local launch
+            (r.run_dir / ".stop").unlink(missing_ok=True)
+            runstate.write_state(r.run_dir, state=(r.view.state if r.view and r.view.state in {"failed", "preempted"} else "pending"),
+                                 total_steps=r.steps, job_id=None)
+            claimed.append(r)
+        else:
+            taken.append(r)
+    return claimed, taken
+
+
+# ----------------------------------------------------------------------------------- Slurm
+
+
+def slurm_parameters(profile: ClusterProfile, res, sweep: str) -> dict:
+    """submitit SlurmExecutor parameters for one resource shape."""
+    params = {
+        "job_name": f"quartet-{sweep}",
+        "time": int(res.time_min),
+        "nodes": int(res.nodes),
+        "ntasks_per_node": int(res.tasks_per_node),
+        "cpus_per_task": int(res.cpus_per_task),
+        "mem": f"{int(res.mem_gb)}GB" if float(res.mem_gb).is_integer() else f"{int(res.mem_gb * 1024)}MB",
+        "signal_delay_s": int(profile.signal_delay_s),
+        "array_parallelism": int(profile.array_parallelism),
+        "stderr_to_stdout": True,
+    }
+    if res.gpus_per_node:
+        if profile.gpu_type:
+            params["gres"] = f"gpu:{profile.gpu_type}:{res.gpus_per_node}"
+        else:
+            params["gpus_per_node"] = int(res.gpus_per_node)
+    for key in ("partition", "account", "qos", "constraint"):
+        value = getattr(profile, key)
+        if value:
+            params[key] = str(value)
+    if profile.exclusive:
+        params["exclusive"] = True
+    if profile.setup:
+        params["setup"] = list(profile.setup)
+    if profile.srun_args:
+        params["srun_args"] = list(profile.srun_args)
+    if profile.additional:
+        params["additional_parameters"] = dict(profile.additional)
+    return params
+
+
+def submit_slurm(plan: Plan, runs: list[PlannedRun]) -> list[tuple[str, int]]:
+    """Submit ``runs`` as job arrays (one per resource shape, chunked); returns [(array id, size)]."""
+    import submitit
+
+    from cluster.task import RunTask
+
+    folder = plan.group_dir / "slurm"
+    folder.mkdir(parents=True, exist_ok=True)
+    out = []
+    for res, chunk in plan.arrays(runs):
+        ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=plan.profile.max_num_timeout,
+                                    python=plan.profile.python)
+        ex.update_parameters(**slurm_parameters(plan.profile, res, plan.spec.name))
+        try:
+            with ex.batch():
+                jobs = [ex.submit(RunTask(r.run_dir)) for r in chunk]
+        except Exception as exc:
+            for r in chunk:
+                runstate.release_claim(r.run_dir)
+            raise QuartetError(f"sbatch failed for {len(chunk)} run(s) ({res.describe(plan.profile)}): "
+                               f"{str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}") from exc
+        for r, job in zip(chunk, jobs):
+            runstate.update_claim(r.run_dir, job_id=str(job.job_id), scheduler="slurm", log=str(job.paths.stdout))
+            runstate.write_state(r.run_dir, job_id=str(job.job_id))
+        array_id = str(jobs[0].job_id).split("_")[0]
+        out.append((array_id, len(chunk)))
+    return out
+
+
+# ----------------------------------------------------------------------------------- local
+
+
+def run_local(plan: Plan, runs: list[PlannedRun], console=None) -> tuple[int, int, int]:
+    """Run ``runs`` in a process pool on this machine with progress; returns (completed, failed, stopped)."""
+    import multiprocessing as mp
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from cluster.task import _init_local_worker, local_worker
+
+    console = console or Console()
+    prof = plan.profile
+    threads = max(1, prof.threads_per_worker)
+    # Children start with this many BLAS/OpenMP threads (set before spawn so the import sees it).
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    # Longest first: better packing of the pool, and the shortest runs fill the tail.
+    runs = sorted(runs, key=lambda r: -r.flops)
+    job_id = f"local-{os.getpid()}"
+    completed = failed = stopped = 0
+    ctx = mp.get_context("spawn")
+    t0 = time.time()
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=False) as progress:
+        overall = progress.add_task(f"sweep {plan.spec.name} ({len(runs)} runs, {prof.workers} workers)", total=len(runs))
+        bars: dict[str, int] = {}
+        with ProcessPoolExecutor(max_workers=min(prof.workers, len(runs)), mp_context=ctx,
+                                 initializer=_init_local_worker, initargs=(threads,)) as pool:
+            futures = {pool.submit(local_worker, str(r.run_dir), job_id): r for r in runs}
+            pending = set(futures)
+            try:
+                while pending:
+                    done, pending = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
+                    for fut in done:
+                        r = futures[fut]
+                        _, state, err = fut.result()
+                        runstate.release_claim(r.run_dir)
+                        if r.run_id in bars:
+                            progress.remove_task(bars.pop(r.run_id))
+                        progress.advance(overall)
+                        if state == "completed":
+                            completed += 1
+                            summ = runstate.read_json(r.run_dir / runstate.SUMMARY) or {}
+                            loss = summ.get("val_loss")
+                            progress.console.print(f"[green]done[/] {r.run_id}  val_loss={loss:.4f}" if isinstance(loss, (int, float)) else f"[green]done[/] {r.run_id}")
+                        elif state == "failed":
+                            failed += 1
+                            progress.console.print(f"[red]failed[/] {r.run_id}: {err} (traceback in {r.run_dir / runstate.ERROR})")
+                        else:
+                            stopped += 1
+                            progress.console.print(f"[yellow]{state}[/] {r.run_id}")
+                    for fut in pending:
+                        r = futures[fut]
+                        if not fut.running():
+                            continue
+                        view = runstate.inspect(r.run_dir, None, reconcile_dead=False)
+                        if r.run_id not in bars:
+                            bars[r.run_id] = progress.add_task(f"  {r.run_id}", total=r.steps)
+                        progress.update(bars[r.run_id], completed=min(view.step or 0, r.steps))
+            except KeyboardInterrupt:
+                progress.console.print("[yellow]interrupted: asking running runs to checkpoint and stop...[/]")
+                for fut, r in futures.items():
+                    if fut.cancel():
+                        runstate.release_claim(r.run_dir)
+                    elif not fut.done():
+                        (r.run_dir / ".stop").touch()
+                for fut, r in futures.items():
+                    if not fut.cancelled():
+                        fut.result()
+                        runstate.release_claim(r.run_dir)
+                        stopped += 1
+                raise
+    console.print(f"local sweep {plan.spec.name}: {completed} completed, {failed} failed, {stopped} stopped "
+                  f"in {time.time() - t0:.1f} s")
+    return completed, failed, stopped
+
+
+# ----------------------------------------------------------------------------------- CLI
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="quartet sweep",
+        description="Expand a sweep (sweeps/NAME.yaml), print the plan and submit what is not finished.",
+        epilog="overrides: cluster.KEY=V edits the profile, sweep.KEY=V the sweep, others go to every run "
+               "(Hydra syntax, e.g. optim.lr=1e-3).",
+    )
+    p.add_argument("name", help="sweep name (sweeps/<name>.yaml) or a path to a sweep YAML")
+    p.add_argument("--cluster", help="cluster profile (conf/cluster/<name>.yaml or a path); default: the sweep's")
+    p.add_argument("--dry-run", action="store_true", help="print the plan, write and submit nothing")
+    p.add_argument("--runs-dir", help="runs root (default: $QUARTET_RUNS or ./runs)")
+    p.add_argument("--max-rows", type=int, default=None, help="print at most this many runs in the plan table")
+    p.add_argument("overrides", nargs="*", help="key=value overrides")
+    return p
+
+
+def cli_main(argv: list[str] | None = None) -> int:
+    """Entry point of ``quartet sweep``."""
+    from rich.console import Console
+
+    args = _parser().parse_args(argv)
+    console = Console()
+    err = Console(stderr=True)
+    try:
+        plan = make_plan(args.name, args.cluster, args.overrides, args.runs_dir)
+    except QuartetError as exc:
+        err.print(f"quartet sweep: error: {exc}", markup=False, highlight=False)
+        return 2
+    render_plan(plan, console, max_rows=args.max_rows)
+    if args.dry_run:
+        console.print("dry run: nothing written, nothing submitted")
+        return 0
+    todo = plan.pending()
+    if not todo:
+        console.print(f"nothing to submit: all {len(plan.runs)} runs are done or running (quartet status {plan.spec.name})")
+        return 0
+    claimed, taken = claim_and_prepare(plan, todo)
+    if taken:
+        console.print(f"{len(taken)} run(s) were claimed by another launch in the meantime; skipped")
+    if not claimed:
+        console.print("nothing to submit")
+        return 0
+    try:
+        if plan.profile.kind == "slurm":
+            arrays = submit_slurm(plan, claimed)
+            desc = ", ".join(f"{a} ({n} task{'s' if n > 1 else ''})" for a, n in arrays)
+            console.print(f"submitted {len(claimed)} run(s) as {len(arrays)} job array(s): {desc}; "
+                          f"sbatch scripts + logs in {plan.group_dir / 'slurm'}")
+            console.print(f"follow with: quartet status {plan.spec.name}" + (f" --runs-dir {args.runs_dir}" if args.runs_dir else ""))
+            return 0
+        completed, failed, stopped = run_local(plan, claimed, console)
+        return 1 if failed else 0
+    except KeyboardInterrupt:
+        console.print("interrupted; relaunch the same command to resume")
+        return 130
+    except QuartetError as exc:
+        err.print(f"quartet sweep: error: {exc}", markup=False, highlight=False)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(cli_main())

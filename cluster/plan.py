@@ -1,0 +1,246 @@
+"""From a sweep + a cluster profile to a validated plan: every run composed, resolved, identified.
+
+Nothing is written or submitted here. :func:`build_plan` composes and resolves EVERY run first; if
+any run is bad it raises one :class:`~quartet.errors.ConfigError` naming the run and the key, so a
+launch with one broken point submits nothing.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from cluster import runstate, slurm
+from cluster.profiles import ClusterProfile, Resources, gpu_hours, resources_for
+from cluster.spec import RunPoint, SweepSpec, expand
+from quartet.errors import ConfigError, QuartetError
+
+
+@dataclass
+class PlannedRun:
+    """One run of the plan: config, derived numbers, resources and current state."""
+
+    point: RunPoint
+    cfg: DictConfig
+    run_id: str
+    run_dir: Path
+    n_params: int
+    tokens: int
+    steps: int
+    lr: float
+    precision: str
+    resources: Resources
+    hours: float
+    view: runstate.RunView | None = None
+
+    @property
+    def flops(self) -> float:
+        """Training compute 6·N·D (N non-embedding)."""
+        return 6.0 * self.n_params * self.tokens
+
+    @property
+    def state(self) -> str:
+        """done | running | failed | preempted | cancelled | new (what the plan table shows)."""
+        v = self.view
+        if v is None or v.state == "new":
+            return "new"
+        if v.state == "completed":
+            return "done"
+        if v.live:
+            return "running"
+        return v.state if v.state in {"failed", "preempted", "cancelled"} else "new"
+
+    @property
+    def to_submit(self) -> bool:
+        """Submit unless finished or someone is on it."""
+        return self.state not in {"done", "running"}
+
+
+@dataclass
+class Plan:
+    """A whole sweep, validated."""
+
+    spec: SweepSpec
+    profile: ClusterProfile
+    runs_root: Path
+    runs: list[PlannedRun] = field(default_factory=list)
+
+    @property
+    def group_dir(self) -> Path:
+        """``<runs root>/<sweep name>``: the sweep's folder (run dirs, logs, sbatch scripts)."""
+        return self.runs_root / self.spec.name
+
+    def counts(self) -> dict[str, int]:
+        """Runs per plan state."""
+        out: dict[str, int] = {}
+        for r in self.runs:
+            out[r.state] = out.get(r.state, 0) + 1
+        return out
+
+    def pending(self) -> list[PlannedRun]:
+        """Runs to submit now."""
+        return [r for r in self.runs if r.to_submit]
+
+    def arrays(self, runs: list[PlannedRun] | None = None, max_array_size: int | None = None) -> list[tuple[Resources, list[PlannedRun]]]:
+        """Group ``runs`` (default: the pending ones) by resources; split groups above MaxArraySize."""
+        runs = self.pending() if runs is None else runs
+        size = max_array_size or self.max_array_size()
+        groups: dict[Resources, list[PlannedRun]] = {}
+        for r in runs:
+            groups.setdefault(r.resources, []).append(r)
+        out = []
+        for res, members in groups.items():
+            for i in range(0, len(members), size):
+                out.append((res, members[i : i + size]))
+        return out
+
+    def max_array_size(self) -> int:
+        """Profile value, else the cluster's MaxArraySize (array indices 0..size-1), else 1001."""
+        if self.profile.max_array_size:
+            return int(self.profile.max_array_size)
+        return slurm.max_array_size() if self.profile.kind == "slurm" else 10**9
+
+
+def _one_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
+def compose_run(point: RunPoint, spec: SweepSpec, runs_root: Path, extra: list[str]) -> DictConfig:
+    """Compose one run: the point's overrides, the sweep name and runs root, then CLI extras."""
+    from quartet.config import compose
+
+    overrides = [*point.overrides, f"run.name={spec.name}", f"run.out_dir={runs_root}", *extra]
+    return compose(overrides)
+
+
+def build_plan(spec: SweepSpec, profile: ClusterProfile, runs_root: Path, extra: list[str] | None = None,
+               with_state: bool = True, progress: bool = False) -> Plan:
+    """Compose, resolve and identify every run of ``spec``; attach resources, estimates, state.
+
+    Raises ConfigError (one line) naming the first bad run and its key, plus how many are bad.
+    """
+    from quartet.config import resolve
+    from quartet.runs import run_dir as run_dir_of
+    from quartet.runs import run_id as run_id_of
+
+    runs_root = Path(runs_root).resolve()
+    extra = list(extra or [])
+    plan = Plan(spec=spec, profile=profile, runs_root=runs_root)
+    errors: list[str] = []
+    points = expand(spec)
+    iterator: Any = points
+    if progress and len(points) > 20:
+        from rich.progress import track
+
+        iterator = track(points, description=f"validating {len(points)} runs", transient=True)
+    seen: dict[str, str] = {}
+    for point in iterator:
+        try:
+            cfg = compose_run(point, spec, runs_root, extra)
+            res = resolve(cfg)
+            resources = resources_for(profile, res.n_params)
+            if resources.gpus > 1:  # the batch must split over the data-parallel ranks too
+                resolve(cfg.copy(), world_size=resources.gpus)
+            rid = run_id_of(cfg)
+            rdir = run_dir_of(cfg)
+        except QuartetError as exc:
+            errors.append(f"run [{point.label}]: {_one_line(exc)}")
+            continue
+        except Exception as exc:  # anything else from compose/resolve: still name the run
+            errors.append(f"run [{point.label}]: {type(exc).__name__}: {_one_line(exc)}")
+            continue
+        if rid in seen:
+            errors.append(f"run [{point.label}]: same config (id {rid}) as run [{seen[rid]}]; the grid has duplicate points")
+            continue
+        seen[rid] = point.label
+        precision = str(cfg.precision.name)
+        plan.runs.append(
+            PlannedRun(point=point, cfg=cfg, run_id=rid, run_dir=Path(rdir), n_params=res.n_params,
+                       tokens=res.tokens, steps=res.steps, lr=res.lr, precision=precision, resources=resources,
+                       hours=gpu_hours(profile, res.n_params, res.tokens, precision))
+        )
+    if errors:
+        more = f" (and {len(errors) - 1} more bad run(s))" if len(errors) > 1 else ""
+        raise ConfigError(f"sweep {spec.name}: {errors[0]}{more}; nothing was submitted")
+    if with_state:
+        queue = slurm.queue() if slurm.available() else None
+        for r in plan.runs:
+            r.view = runstate.inspect(r.run_dir, queue) if r.run_dir.exists() else None
+    return plan
+
+
+def write_run_config(run: PlannedRun, profile: ClusterProfile) -> Path:
+    """Write the resolved ``config.yaml`` into the run directory (before submission).
+
+    ``cluster`` records where it was sent (informational: not part of the run id), so the run can
+    be replayed from its directory alone with ``quartet train --config-file DIR/config.yaml``.
+    """
+    cfg = run.cfg.copy()
+    OmegaConf.set_struct(cfg, False)
+    cfg.cluster = {
+        "profile": profile.name,
+        "kind": profile.kind,
+        "nodes": run.resources.nodes,
+        "tasks_per_node": run.resources.tasks_per_node,
+        "gpus_per_node": run.resources.gpus_per_node,
+        "time_min": run.resources.time_min,
+    }
+    text = OmegaConf.to_yaml(cfg, resolve=True)
+    run.run_dir.mkdir(parents=True, exist_ok=True)
+    runstate.atomic_write_text(run.run_dir / "config.yaml", text)
+    return run.run_dir / "config.yaml"
+
+
+# ------------------------------------------------------------------------------------ printing
+
+
+def _si(x: float) -> str:
+    if x == 0 or not math.isfinite(x):
+        return f"{x:g}"
+    for unit, div in (("E", 1e18), ("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(x) >= div:
+            return f"{x / div:.3g}{unit}"
+    return f"{x:.3g}"
+
+
+def render_plan(plan: Plan, console=None, max_rows: int | None = None) -> None:
+    """Print the plan: per run N, D, steps, LR, FLOPs, hours, resources, state; then the arrays."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console(width=200)
+    prof = plan.profile
+    dev = prof.device_label
+    table = Table(title=f"sweep {plan.spec.name} -> {prof.name} ({prof.kind})", show_lines=False)
+    for col in ("run", "N", "D", "D/N", "steps", "LR", "FLOPs", f"{dev}s", f"{dev}-h", "state"):
+        table.add_column(col, justify="left" if col in ("run", "state") else "right")
+    rows = plan.runs if max_rows is None else plan.runs[:max_rows]
+    for r in rows:
+        table.add_row(r.run_id, _si(r.n_params), _si(r.tokens), f"{r.tokens / r.n_params:.0f}", str(r.steps),
+                      f"{r.lr:.3g}", _si(r.flops), str(max(1, r.resources.gpus)), f"{r.hours:.3g}", r.state)
+    console.print(table)
+    if max_rows is not None and len(plan.runs) > max_rows:
+        console.print(f"... {len(plan.runs) - max_rows} more runs")
+    counts = plan.counts()
+    total_h = sum(r.hours for r in plan.runs)
+    todo_h = sum(r.hours for r in plan.pending())
+    console.print(
+        f"[bold]{len(plan.runs)} runs[/]: " + ", ".join(f"{counts.get(k, 0)} {k}" for k in ("new", "done", "running", "failed", "preempted", "cancelled") if counts.get(k))
+        + f" | to submit: {len(plan.pending())} | {dev}-hours: {todo_h:.4g} to run, {total_h:.4g} for the whole sweep"
+        + f" | FLOPs total {_si(sum(r.flops for r in plan.runs))}"
+    )
+    if prof.kind == "slurm":
+        arrays = plan.arrays(plan.runs)
+        todo = plan.arrays()
+        console.print(f"job arrays (one per resource shape, <= {plan.max_array_size()} tasks each, at most "
+                      f"{prof.array_parallelism} running at once): {len(arrays)} for the whole sweep, {len(todo)} to submit now")
+        for res, members in arrays:
+            n_todo = sum(1 for m in members if m.to_submit)
+            console.print(f"  {len(members):4d} runs ({n_todo} to submit)  {res.describe(prof)}"
+                          f"  {dev}-h {sum(m.hours for m in members):.4g}")
+    for note in plan.spec.notes:
+        console.print(f"note: {note}")

@@ -1,0 +1,102 @@
+"""``quartet status NAME [--watch]``: one table for every run of a sweep, from its run directories.
+
+Reads ``<runs>/<NAME>/*/`` (state.json, metrics.jsonl, summary.json, .claim, error.txt) and, when
+the Slurm tools exist, cross-checks ``squeue`` (and ``sacct`` / ``scontrol show job`` for jobs that
+left the queue; a missing ``sacct`` is tolerated). A run whose job vanished without an end marker
+(``scancel``, node failure) is recorded as failed/cancelled so the next launch resumes it.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from cluster import runstate, slurm
+
+ORDER = ("running", "pending", "preempted", "failed", "cancelled", "new", "completed")
+STYLE = {"completed": "green", "running": "cyan", "pending": "blue", "preempted": "yellow",
+         "failed": "red", "cancelled": "magenta", "new": "white"}
+
+
+def collect(group_dir: Path) -> list[runstate.RunView]:
+    """Views of every run directory under ``group_dir`` (sorted by run id)."""
+    queue = slurm.queue() if slurm.available() else None
+    views = []
+    for d in sorted(p for p in Path(group_dir).iterdir() if p.is_dir() and not p.name.startswith(".")):
+        if d.name == "slurm" or not any((d / f).exists() for f in ("config.yaml", runstate.STATE, runstate.SUMMARY)):
+            continue
+        views.append(runstate.inspect(d, queue))
+    return views
+
+
+def summary_line(views: list[runstate.RunView]) -> str:
+    """``27 runs: 20 completed, 3 running, ...`` in a fixed order."""
+    counts: dict[str, int] = {}
+    for v in views:
+        counts[v.state] = counts.get(v.state, 0) + 1
+    parts = [f"{counts[k]} {k}" for k in ORDER if counts.get(k)]
+    parts += [f"{n} {k}" for k, n in counts.items() if k not in ORDER]
+    return f"{len(views)} runs: " + (", ".join(parts) if parts else "none")
+
+
+def render(name: str, views: list[runstate.RunView], max_error: int = 60):
+    """A rich Table of the runs plus the summary line as its caption."""
+    from rich.table import Table
+
+    table = Table(title=f"sweep {name}", caption=summary_line(views))
+    for col in ("run", "state", "step/total", "loss", "tok/s", "job", "last error"):
+        table.add_column(col, justify="right" if col in ("step/total", "loss", "tok/s") else "left", overflow="fold")
+    for v in views:
+        step = f"{v.step if v.step is not None else '-'}/{v.total_steps if v.total_steps is not None else '-'}"
+        loss = f"{v.loss:.4f}" if isinstance(v.loss, (int, float)) else "-"
+        tps = f"{v.tokens_per_s:,.0f}" if isinstance(v.tokens_per_s, (int, float)) else "-"
+        job = (v.job_id or "-") + (f" ({v.job_state})" if v.job_state else "")
+        err = (v.error or "")
+        err = err if len(err) <= max_error else err[: max_error - 1] + "…"
+        table.add_row(v.run_id, f"[{STYLE.get(v.state, 'white')}]{v.state}[/]", step, loss, tps, job, err)
+    return table
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="quartet status", description="State of every run of a sweep.")
+    p.add_argument("name", help="sweep name (the group folder under the runs root)")
+    p.add_argument("--runs-dir", help="runs root (default: $QUARTET_RUNS or ./runs)")
+    p.add_argument("--watch", nargs="?", const=5.0, type=float, metavar="SECONDS",
+                   help="refresh every SECONDS (default 5) until no run is pending/running; Ctrl-C stops")
+    return p
+
+
+def cli_main(argv: list[str] | None = None) -> int:
+    """Entry point of ``quartet status``; exit code 1 when the sweep folder does not exist."""
+    from rich.console import Console
+    from rich.live import Live
+
+    from quartet.paths import runs_root
+
+    args = _parser().parse_args(argv)
+    root = Path(args.runs_dir) if args.runs_dir else runs_root()
+    name = Path(args.name).stem if args.name.endswith((".yaml", ".yml")) else args.name
+    group = root / name
+    console = Console(width=max(120, Console().width))
+    if not group.is_dir():
+        console.print(f"quartet status: no runs of sweep {name!r} under {root} (launch it with: quartet sweep {name})")
+        return 1
+    if not args.watch:
+        console.print(render(name, collect(group)))
+        return 0
+    try:
+        with Live(render(name, collect(group)), console=console, refresh_per_second=1) as live:
+            while True:
+                views = collect(group)
+                live.update(render(name, views))
+                if not any(v.state in {"running", "pending"} for v in views):
+                    break
+                time.sleep(max(0.5, args.watch))
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(cli_main())

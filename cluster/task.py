@@ -1,0 +1,203 @@
+"""What runs inside a job: train one run directory, checkpoint on preemption, record failures.
+
+:class:`RunTask` is the callable submitit pickles for Slurm. It needs only the run directory: the
+resolved ``config.yaml`` was written there before submission, and the trainer resumes from
+``ckpt/last.pt`` by itself, so a requeued job (by submitit after a signal, or by ``scontrol
+requeue``) simply calls it again.
+
+Preemption / time limit: Slurm sends USR2 ``signal_delay_s`` before the end; submitit's handler
+calls :meth:`RunTask.checkpoint` in the main thread. Python runs signal handlers only in the main
+thread, between bytecodes, so the trainer runs in a worker thread: the handler asks it to stop
+(``Trainer.request_stop()``: it finishes the current step, saves the checkpoint, marks the run
+``preempted``), waits for that, and hands submitit a fresh ``RunTask`` to requeue.
+
+Multi-GPU: with several tasks per job (one per GPU), ``submitit.helpers.TorchDistributedEnvironment``
+exports RANK / LOCAL_RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT, which the trainer reads for DDP.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+import traceback
+from pathlib import Path
+from typing import Any
+
+import submitit
+
+from cluster import runstate
+
+#: how long a checkpoint request may take before we give up waiting (Slurm kills at the deadline anyway)
+STOP_WAIT_S = 600.0
+
+
+def _record_failure(run_dir: Path, exc: BaseException, job_id: str | None) -> None:
+    """Write error.txt (traceback) and mark state failed unless the trainer already did."""
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    err = run_dir / runstate.ERROR
+    try:
+        if not err.exists() or (runstate.read_json(run_dir / runstate.STATE) or {}).get("state") != "failed":
+            runstate.atomic_write_text(err, tb)
+        msg = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        st = runstate.read_json(run_dir / runstate.STATE) or {}
+        if st.get("state") != "failed" or not st.get("error"):
+            runstate.write_state(run_dir, state="failed", error=msg, job_id=job_id, host=socket.gethostname())
+    except OSError:
+        pass
+
+
+def execute_run(run_dir: str | Path, job_id: str | None, on_trainer=None, rank: int = 0) -> dict[str, Any]:
+    """Train the run in ``run_dir`` (resume if it has a checkpoint; no-op if it has a summary).
+
+    Returns the trainer's summary (or ``{"state": "preempted"}`` when stopped early). On any
+    exception the traceback goes to ``error.txt``, ``state.json`` says failed, and it re-raises.
+    ``on_trainer(trainer)`` is called once the trainer exists (the preemption hook uses it).
+    """
+    run_dir = Path(run_dir)
+    summary = runstate.read_json(run_dir / runstate.SUMMARY)
+    if summary is not None:
+        return summary
+    try:
+        from quartet.config import load_config_file
+        from quartet.runs import run_dir as run_dir_of
+        from quartet.train import Trainer
+
+        cfg = load_config_file(run_dir / "config.yaml")
+        expected = Path(run_dir_of(cfg)).resolve()
+        if expected != run_dir.resolve():
+            raise RuntimeError(f"config.yaml in {run_dir} names run dir {expected}; the directory was moved or edited")
+        if rank == 0:
+            runstate.write_state(run_dir, state="running", job_id=job_id, host=socket.gethostname(), error=None)
+        trainer = Trainer(cfg)
+        if on_trainer is not None:
+            on_trainer(trainer)
+        result = trainer.run()
+    except BaseException as exc:
+        if rank == 0:
+            _record_failure(run_dir, exc, job_id)
+        raise
+    done = runstate.read_json(run_dir / runstate.SUMMARY)
+    if done is not None:
+        return done
+    return dict(result or {}, state=(runstate.read_json(run_dir / runstate.STATE) or {}).get("state", "preempted"))
+
+
+class RunTask(submitit.helpers.Checkpointable):
+    """submitit callable: ``RunTask(run_dir)()`` trains that run; requeue-safe (see module doc)."""
+
+    def __init__(self, run_dir: str | Path) -> None:
+        self.run_dir = str(run_dir)
+        self._trainer = None
+        self._thread: threading.Thread | None = None
+
+    def __getstate__(self) -> dict[str, Any]:  # the trainer and thread never travel in the pickle
+        return {"run_dir": self.run_dir}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.run_dir = state["run_dir"]
+        self._trainer = None
+        self._thread = None
+
+    def __call__(self) -> dict[str, Any]:
+        env = submitit.JobEnvironment()
+        job_id = str(env.job_id)
+        rank = env.global_rank
+        if env.num_tasks > 1:
+            # DDP: export RANK/LOCAL_RANK/WORLD_SIZE/MASTER_*; the trainer picks cuda:LOCAL_RANK itself
+            submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+            self._chain_stop_on_usr2(rank)
+        box: dict[str, Any] = {}
+
+        def work() -> None:
+            try:
+                box["result"] = execute_run(self.run_dir, job_id, on_trainer=self._set_trainer, rank=rank)
+            except BaseException as exc:  # re-raised in the main thread
+                box["error"] = exc
+
+        self._thread = threading.Thread(target=work, name="quartet-train", daemon=True)
+        self._thread.start()
+        while self._thread.is_alive():
+            self._thread.join(0.2)  # short joins keep the main thread responsive to signals
+        if "error" in box:
+            raise box["error"]
+        return box["result"]
+
+    def _set_trainer(self, trainer) -> None:
+        self._trainer = trainer
+
+    def _stop_and_wait(self) -> None:
+        if self._trainer is not None:
+            self._trainer.request_stop()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(STOP_WAIT_S)
+
+    def _chain_stop_on_usr2(self, rank: int) -> None:
+        """Every rank stops at a step boundary on USR2 (submitit only checkpoints rank 0)."""
+        if rank == 0:
+            return
+        previous = signal.getsignal(signal.SIGUSR2)
+
+        def handler(signum, frame):
+            self._stop_and_wait()
+            if callable(previous):
+                previous(signum, frame)
+
+        signal.signal(signal.SIGUSR2, handler)
+
+    def checkpoint(self, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission:
+        """Called by submitit in the signal handler: stop at a step boundary, then requeue."""
+        self._stop_and_wait()
+        return submitit.helpers.DelayedSubmission(RunTask(self.run_dir))
+
+
+# --------------------------------------------------------------------------- local pool workers
+
+
+def _init_local_worker(threads: int) -> None:
+    """Pool initializer: a fixed number of torch threads per run, SIGINT handled by the parent."""
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    os.environ["MKL_NUM_THREADS"] = str(threads)
+    import torch
+
+    torch.set_num_threads(threads)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:  # already set in this process
+        pass
+    # Ctrl-C reaches the whole process group; the parent decides (it asks runs to stop via a file).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def local_worker(run_dir: str, job_id: str) -> tuple[str, str, str | None]:
+    """Run one local job in a pool worker; returns (run_dir, end state, error line). Never raises.
+
+    A ``.stop`` file in the run directory (written by the launcher on Ctrl-C) makes the trainer
+    stop at the next step boundary with a checkpoint.
+    """
+    run_path = Path(run_dir)
+    stop_file = run_path / ".stop"
+    watcher_done = threading.Event()
+
+    def watch(trainer) -> None:
+        def loop() -> None:
+            while not watcher_done.wait(0.5):
+                if stop_file.exists():
+                    trainer.request_stop()
+                    return
+
+        threading.Thread(target=loop, daemon=True).start()
+
+    try:
+        result = execute_run(run_path, job_id, on_trainer=watch)
+        state = "completed" if (run_path / runstate.SUMMARY).exists() else str(result.get("state", "preempted"))
+        return run_dir, state, None
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent, traceback in error.txt
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return run_dir, "failed", f"{type(exc).__name__}: {first}"
+    finally:
+        watcher_done.set()
+        try:
+            stop_file.unlink()
+        except FileNotFoundError:
+            pass
