@@ -1,0 +1,131 @@
+"""``quartet fit`` and ``quartet figures``: command-line front ends of :mod:`analysis` (no torch)."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from analysis.errors import AnalysisError
+from analysis.laws import LAWS
+
+SOURCE_HELP = ("runs directory, .csv/.parquet table (columns n_params, tokens, forward, backward, loss), "
+               "wandb:ENTITY/PROJECT, a folder of wandb offline runs, or --paper for the bundled paper grid")
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("source", nargs="?", help=SOURCE_HELP)
+    p.add_argument("--paper", action="store_true", help="use the Quartet paper's published loss grid")
+    p.add_argument("--law", choices=sorted(LAWS), default="busbridge", help="law form (default: busbridge)")
+    p.add_argument("--bootstrap", type=int, default=0, metavar="N", help="bootstrap resamples for 95%% intervals")
+    p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    p.add_argument("--selections", choices=("auto", "paper", "none"), default="auto",
+                   help="row selections per precision: the paper notebook's (auto = only for --paper)")
+    p.add_argument("--at-n", type=float, default=None, help="model size for the headline (default: largest base N)")
+    p.add_argument("--at-ratio", type=float, default=100.0, help="D/N for the headline (default 100)")
+    p.add_argument("-v", "--verbose", action="store_true", help="log dropped runs and fit details")
+
+
+def _load_and_fit(args):
+    from analysis.load import load
+    from analysis.report import fit_all
+
+    if args.paper == bool(args.source):
+        raise AnalysisError("give exactly one SOURCE or --paper")
+    df = load("paper" if args.paper else args.source)
+    sel = None if args.selections == "none" else args.selections
+    report = fit_all(df, args.law, bootstrap=args.bootstrap, seed=args.seed, selections=sel, at_n=args.at_n,
+                     at_ratio=args.at_ratio, progress=args.bootstrap > 0)
+    return df, report
+
+
+def _iv(iv, fmt="{:.4g}"):
+    return "" if iv is None else f"[{fmt.format(iv[0])}, {fmt.format(iv[1])}]"
+
+
+def print_report(report, console=None) -> None:
+    """Rich tables: base parameters with intervals, multi-start log, efficiencies, forecasts, headlines."""
+    from rich.console import Console
+    from rich.table import Table
+
+    # Pipes/logs get a wide console so the tables do not wrap into unreadable columns.
+    console = console or (Console() if sys.stdout.isatty() else Console(width=150))
+    b = report.base
+    t = Table(title=f"Base law ({b.law}) on {b.n_points} runs — status: {b.status}", title_justify="left")
+    for col in ("parameter", "value", "95% interval", ""):
+        t.add_column(col)
+    for name, val in b.params.items():
+        raw = {"A": "a", "B": "b", "E": "e"}.get(name, name)
+        t.add_row(name, f"{val:.6g}", _iv(report.base_intervals.get(name)), "" if raw in b.free else "fixed")
+    console.print(t)
+    ms = b.multistart
+    if ms:
+        console.print(f"multi-start: {ms.n_converged}/{ms.n_starts} starts reached the best basin "
+                      f"(cost within {ms.rel_tol:g}); best costs {', '.join(f'{c:.4e}' for c in ms.best_costs)}; "
+                      f"{ms.seconds:.2f} s")
+    if b.status != "converged":
+        console.print(f"[yellow]base fit flagged: {b.status}: {b.message}[/yellow]")
+    if report.efficiencies:
+        e_t = Table(title="Efficiencies (base frozen)", title_justify="left")
+        for col in ("precision", "fitted", "effN", "effN 95%", "effD", "effD 95%", "points", "status"):
+            e_t.add_column(col)
+        for e in report.efficiencies:
+            ints = report.eff_intervals.get(e.scheme, {})
+            e_t.add_row(e.scheme, e.kind, f"{e.eff_n:.4f}", _iv(ints.get("eff_n"), "{:.3f}") if e.fits_n else "",
+                        f"{e.eff_d:.4f}", _iv(ints.get("eff_d"), "{:.3f}") if e.fits_d else "", str(e.n_points),
+                        e.status if e.status == "converged" else f"[yellow]{e.status}[/yellow]")
+        console.print(e_t)
+    if report.bootstrap.get("requested"):
+        console.print(f"bootstrap: {report.bootstrap['used']}/{report.bootstrap['requested']} resamples used")
+    for f in report.forecasts:
+        console.print(f"forecast {f.name}: mean |rel. error| {f.mean_abs_rel_error:.2%}, max "
+                      f"{f.max_abs_rel_error:.2%} on {len(f.held_out)} held-out run(s) ({f.status})")
+    for h in report.headlines:
+        console.print(f"• {h['text']}")
+    if report.dropped:
+        console.print(f"dropped {len(report.dropped)} run(s):")
+        for d in report.dropped:
+            console.print(f"  - {d['run_id']}: {d['reason']}")
+
+
+def fit_main(argv: list[str] | None = None) -> int:
+    """``quartet fit SOURCE [--law ...] [--bootstrap N] [--json OUT]``."""
+    p = argparse.ArgumentParser(prog="quartet fit", description="Fit the low-precision scaling law "
+                                "L = (A/(N·effN)^α + B/(D·effD)^β)^γ + E to finished runs or a loss table.")
+    _common(p)
+    p.add_argument("--json", type=Path, default=None, metavar="OUT", help="write the report as JSON")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.ERROR, format="%(levelname)s %(message)s")
+    try:
+        _, report = _load_and_fit(args)
+    except AnalysisError as exc:
+        print(f"quartet fit: {exc}", file=sys.stderr)
+        return 2
+    print_report(report)
+    if args.json:
+        report.to_json(args.json)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def figures_main(argv: list[str] | None = None) -> int:
+    """``quartet figures (--paper | SOURCE) [--out DIR]``: fit, then write every figure (PNG + PDF)."""
+    p = argparse.ArgumentParser(prog="quartet figures", description="Fit and plot: losses with fitted curves, "
+                                "efficiencies, residuals, break-even speedups, optimal-precision maps.")
+    _common(p)
+    p.add_argument("--out", type=Path, default=Path("figures"), help="output folder (default: ./figures)")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.ERROR, format="%(levelname)s %(message)s")
+    try:
+        df, report = _load_and_fit(args)
+    except AnalysisError as exc:
+        print(f"quartet figures: {exc}", file=sys.stderr)
+        return 2
+    from analysis.figures import make_all
+
+    paths = make_all(report, df, args.out)
+    report.to_json(args.out / "fit.json")
+    for h in report.headlines:
+        print(f"• {h['text']}")
+    print(f"wrote {len(paths)} figure files and fit.json to {args.out}/")
+    return 0

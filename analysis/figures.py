@@ -1,0 +1,232 @@
+"""Figures of a fit (matplotlib, Agg): losses with fitted curves, efficiencies, residuals, break-even
+speedups and the optimal-precision maps (paper Fig. 1(b)/(c)). Each is written as PNG and PDF.
+
+Every figure function takes a :class:`~analysis.report.FitReport` (and the tidy frame where it
+plots data) and returns the paths it wrote; :func:`make_all` writes them all.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from matplotlib.colors import ListedColormap  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
+
+from analysis.laws import predict  # noqa: E402
+from analysis.report import FitReport, base_rows, scheme_groups, PAPER_SELECTIONS  # noqa: E402
+from analysis.speed import MODEL_POINTS, OPTIONS, breakeven_speedup, optimal_map  # noqa: E402
+
+OPTION_COLORS = {"FP8:FP8": "#9ecae1", "FP4:FP8": "#fdae6b", "FP8:FP4": "#a1d99b", "FP4:FP4": "#e6550d"}
+plt.rcParams.update({"figure.dpi": 110, "savefig.dpi": 150, "font.size": 10, "axes.grid": True,
+                     "grid.alpha": 0.3, "axes.spines.top": False, "axes.spines.right": False})
+
+
+def _save(fig, out_dir: Path, name: str) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [out_dir / f"{name}.png", out_dir / f"{name}.pdf"]
+    fig.tight_layout()
+    for p in paths:
+        fig.savefig(p, bbox_inches="tight")
+    plt.close(fig)
+    return paths
+
+
+def _fmt_n(n: float) -> str:
+    return f"{n / 1e9:.3g}B" if n >= 1e9 else f"{n / 1e6:.3g}M" if n >= 1e6 else f"{n / 1e3:.3g}K"
+
+
+def pick_fp4_scheme(report: FitReport) -> tuple[str, float, float]:
+    """The FP4 scheme whose (effN, effD) feed the optimal-precision map.
+
+    Preference: a scheme labelled ``quartet``; else a joint QuEST-forward fit (the paper's Quartet);
+    else the converged joint fit with the largest effN·effD; else the best forward-only effN combined
+    with the best backward-only effD.
+    """
+    usable = [e for e in report.efficiencies if np.isfinite(e.eff_n) and np.isfinite(e.eff_d)
+              and e.status in ("converged", "too_few_points")]
+    for e in usable:
+        if e.scheme.lower().startswith("quartet") and e.kind == "joint":
+            return e.scheme, e.eff_n, e.eff_d
+    for e in usable:
+        if e.kind == "joint" and e.forward == "quest":
+            return e.scheme, e.eff_n, e.eff_d
+    joint = [e for e in usable if e.kind == "joint" and e.status == "converged"]
+    if joint:
+        e = max(joint, key=lambda e: e.eff_n * e.eff_d)
+        return e.scheme, e.eff_n, e.eff_d
+    fwd = [e for e in usable if e.kind == "forward"]
+    bwd = [e for e in usable if e.kind == "backward"]
+    en = max((e.eff_n for e in fwd), default=1.0)
+    ed = max((e.eff_d for e in bwd), default=1.0)
+    return "best forward + best backward", en, ed
+
+
+def _schemes_to_plot(report: FitReport, limit: int) -> list:
+    effs = [e for e in report.efficiencies if np.isfinite(e.eff_n) and e.n_points >= 2]
+    # Informative fits first: degenerate ones (an efficiency near 0: the law cannot describe the
+    # method, e.g. unstable baselines) go last; then by coverage.
+    effs.sort(key=lambda e: (min(e.eff_n, e.eff_d) < 0.05, e.status != "converged", -e.n_points, e.scheme))
+    return effs[:limit]
+
+
+def plot_losses(report: FitReport, df: pd.DataFrame, out_dir: Path, max_panels: int = 6) -> list[Path]:
+    """Loss vs tokens per model size, with the fitted curves: baseline + the best-covered precisions."""
+    selections = PAPER_SELECTIONS if report.provenance.get("options", {}).get("selections") else None
+    groups = {label: rows for label, _, _, _, rows in scheme_groups(df, report.provenance["options"]["base_label"],
+                                                                     selections)}
+    panels = [("baseline (bf16)", base_rows(df, report.provenance["options"]["base_label"]), 1.0, 1.0)]
+    for e in _schemes_to_plot(report, max_panels - 1):
+        panels.append((f"{e.scheme} (effN={e.eff_n:.3f}, effD={e.eff_d:.3f})", groups.get(e.scheme), e.eff_n, e.eff_d))
+    ncol = min(3, len(panels))
+    nrow = int(np.ceil(len(panels) / ncol))
+    fig, axes = plt.subplots(nrow, ncol, figsize=(5.0 * ncol, 3.9 * nrow), squeeze=False, sharey=False)
+    sizes = sorted(df["n_params"].unique())
+    cmap = plt.get_cmap("viridis")
+    colors = {n: cmap(i / max(1, len(sizes) - 1)) for i, n in enumerate(sizes)}
+    for ax, (title, rows, en, ed) in zip(axes.ravel(), panels):
+        if rows is None or rows.empty:
+            ax.set_visible(False)
+            continue
+        for n, g in rows.groupby("n_params"):
+            g = g.sort_values("tokens")
+            ax.scatter(g["tokens"], g["loss"], color=colors[n], s=22, zorder=3, label=_fmt_n(n))
+            d = np.geomspace(g["tokens"].min() / 1.5, g["tokens"].max() * 1.5, 100)
+            ax.plot(d, predict(report.base.params, np.full_like(d, n), d, en, ed), color=colors[n], lw=1.2)
+        ax.set_xscale("log")
+        ax.set_xlabel("tokens D")
+        ax.set_ylabel("validation loss")
+        ax.set_title(title, fontsize=9)
+        ax.legend(fontsize=7, title="N", title_fontsize=7, loc="upper right")
+    for ax in axes.ravel()[len(panels):]:
+        ax.set_visible(False)
+    p = report.base.params
+    fig.suptitle(f"{report.base.law} fit: A={p['A']:.3g} α={p['alpha']:.3f} B={p['B']:.3g} β={p['beta']:.3f} "
+                 f"E={p['E']:.3f} γ={p['gamma']:.3f}", fontsize=10)
+    return _save(fig, out_dir, "losses")
+
+
+def plot_efficiencies(report: FitReport, out_dir: Path) -> list[Path]:
+    """effN vs effD per precision, with bootstrap 95 % intervals where available."""
+    fig, ax = plt.subplots(figsize=(8.6, 5.2))
+    colors = plt.get_cmap("tab20").colors
+    ax.add_patch(plt.Rectangle((0, 0), 1, 1, fill=False, ls="--", lw=0.8, color="grey"))
+    markers = {"forward": "s", "backward": "^", "joint": "o"}
+    for k, e in enumerate(report.efficiencies):
+        if not (np.isfinite(e.eff_n) and np.isfinite(e.eff_d)):
+            continue
+        ints = report.eff_intervals.get(e.scheme, {})
+        xerr = yerr = None
+        if "eff_d" in ints and e.fits_d:
+            lo, hi = ints["eff_d"]
+            xerr = [[max(e.eff_d - lo, 0)], [max(hi - e.eff_d, 0)]]
+        if "eff_n" in ints and e.fits_n:
+            lo, hi = ints["eff_n"]
+            yerr = [[max(e.eff_n - lo, 0)], [max(hi - e.eff_n, 0)]]
+        hollow = e.status != "converged"
+        ax.errorbar(e.eff_d, e.eff_n, xerr=xerr, yerr=yerr, fmt=markers[e.kind], ms=7, capsize=3,
+                    color=colors[(2 * k) % 20 + (k // 10) % 2], mfc="none" if hollow else None,
+                    label=f"{e.scheme} [{e.kind}] ({e.eff_n:.3f}, {e.eff_d:.3f})" + (f" {e.status}" if hollow else ""))
+    ax.set_xlim(-0.02, 1.12)
+    ax.set_ylim(-0.02, 1.12)
+    ax.set_xlabel("data efficiency effD (backward precision)")
+    ax.set_ylabel("parameter efficiency effN (forward precision)")
+    ax.set_title("Efficiencies (unfitted one = 1; hollow = flagged fit)", fontsize=10)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), title="scheme [fitted] (effN, effD)",
+              title_fontsize=7)
+    return _save(fig, out_dir, "efficiencies")
+
+
+def plot_residuals(report: FitReport, df: pd.DataFrame, out_dir: Path) -> list[Path]:
+    """Log residuals ln L_obs − ln L_fit vs tokens: baseline (base fit) and each precision (its effs)."""
+    base_label = report.provenance["options"]["base_label"]
+    selections = PAPER_SELECTIONS if report.provenance.get("options", {}).get("selections") else None
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    b = base_rows(df, base_label)
+    res = np.log(b["loss"]) - np.log(predict(report.base.params, b["n_params"].to_numpy(), b["tokens"].to_numpy()))
+    sc = axes[0].scatter(b["tokens"], res * 1e3, c=np.log10(b["n_params"]), cmap="viridis", s=25)
+    fig.colorbar(sc, ax=axes[0], label="log10 N")
+    axes[0].set_title(f"baseline: {len(b)} runs, RMS {np.sqrt(np.mean(res ** 2)) * 1e3:.2f}e-3", fontsize=10)
+    effs = {e.scheme: e for e in report.efficiencies}
+    for label, _, _, _, rows in scheme_groups(df, base_label, selections):
+        e = effs.get(label)
+        if e is None or not np.isfinite(e.eff_n) or rows.empty:
+            continue
+        r = np.log(rows["loss"]) - np.log(predict(report.base.params, rows["n_params"].to_numpy(),
+                                                  rows["tokens"].to_numpy(), e.eff_n, e.eff_d))
+        axes[1].scatter(rows["tokens"], r * 1e3, s=18, label=label)
+    axes[1].set_title("quantized precisions (with their effN / effD)", fontsize=10)
+    axes[1].legend(fontsize=7, ncol=2)
+    for ax in axes:
+        ax.axhline(0, color="k", lw=0.8)
+        ax.set_xscale("log")
+        ax.set_xlabel("tokens D")
+        ax.set_ylabel("ln L_obs − ln L_fit  (×1e-3)")
+    return _save(fig, out_dir, "residuals")
+
+
+def plot_breakeven(report: FitReport, out_dir: Path, ratio: float = 100.0) -> list[Path]:
+    """Break-even uniform speedup Z vs model size at D/N = ratio, per precision (the headline, plotted)."""
+    fig, ax = plt.subplots(figsize=(6.8, 4.6))
+    n = np.geomspace(1e7, 1e11, 200)
+    for e in report.efficiencies:
+        if not (np.isfinite(e.eff_n) and np.isfinite(e.eff_d)) or e.eff_n < 0.05 or e.eff_d < 0.05:
+            continue
+        z = breakeven_speedup(report.base.params, e.eff_n, e.eff_d, n, n * ratio)
+        z = np.where(np.isfinite(z), z, np.nan)
+        if np.all(np.isnan(z)):
+            continue
+        ax.plot(n, z, label=f"{e.scheme} (effN {e.eff_n:.2f}, effD {e.eff_d:.2f})")
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.axhline(2.0, color="grey", lw=0.8, ls=":")
+    ax.text(1.2e7, 2.03, "FP4 vs FP8 BOPS (2×)", fontsize=7, color="grey")
+    ax.set_xscale("log")
+    ax.set_ylim(0.8, 4.0)
+    ax.set_xlabel("model size N")
+    ax.set_ylabel("break-even speedup Z")
+    ax.set_title(f"Speedup needed to match the baseline at equal compute (D/N = {ratio:g})", fontsize=10)
+    ax.legend(fontsize=7)
+    return _save(fig, out_dir, "breakeven")
+
+
+def plot_optimal_precision(report: FitReport, out_dir: Path, fp4: tuple[str, float, float] | None = None,
+                           resolution: int = 160) -> list[Path]:
+    """The paper's Fig. 1(b)/(c): optimal forward:backward option over (N_max, D/N), BOPS and RTX 5090."""
+    label, en, ed = fp4 or pick_fp4_scheme(report)
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8), sharey=True)
+    cmap = ListedColormap([OPTION_COLORS[o] for o in OPTIONS])
+    for ax, sp, title in zip(axes, ("bops", "rtx5090"), ("speedups by BOPS (Table 1)", "measured RTX 5090 speedups")):
+        m = optimal_map(report.base.params, (en, ed), speedups=sp, resolution=resolution)
+        ax.pcolormesh(m.n_max, m.ratio, m.best, cmap=cmap, vmin=-0.5, vmax=len(OPTIONS) - 0.5, shading="auto")
+        for name, n, d in MODEL_POINTS:
+            ax.scatter(n, d / n, color="k", s=18, zorder=3)
+            ax.annotate(name, (n, d / n), textcoords="offset points", xytext=(4, 3), fontsize=7)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("N_max (forward budget, parameters)")
+        ax.set_title(title, fontsize=10)
+        ax.grid(False)
+    axes[0].set_ylabel("D_max / N_max (tokens per parameter)")
+    handles = [Patch(color=OPTION_COLORS[o], label=o) for o in OPTIONS]
+    axes[1].legend(handles=handles, fontsize=8, loc="lower right", title="fwd:bwd")
+    fig.suptitle(f"Optimal precision (FP4 = {label}: effN {en:.3f}, effD {ed:.3f}; FP8 lossless)", fontsize=10)
+    return _save(fig, out_dir, "optimal_precision")
+
+
+def make_all(report: FitReport, df: pd.DataFrame, out_dir: str | Path) -> list[Path]:
+    """Write every figure (PNG + PDF) into ``out_dir``; returns the paths."""
+    out_dir = Path(out_dir)
+    paths: list[Path] = []
+    paths += plot_losses(report, df, out_dir)
+    paths += plot_efficiencies(report, out_dir)
+    paths += plot_residuals(report, df, out_dir)
+    paths += plot_breakeven(report, out_dir)
+    paths += plot_optimal_precision(report, out_dir)
+    return paths
