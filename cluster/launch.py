@@ -253,13 +253,13 @@ def cli_main(argv: list[str] | None = None) -> int:
     """Entry point of ``quartet sweep``."""
     from rich.console import Console
 
-    args = _parser().parse_args(argv)
-    console = Console()
-    err = Console(stderr=True)
+    args = _parser().parse_intermixed_args(argv)
+    # wide enough for run ids when the output is a file or a pipe (rich defaults to 80 columns there)
+    console = Console(width=None if sys.stdout.isatty() else 200)
     try:
         plan = make_plan(args.name, args.cluster, args.overrides, args.runs_dir)
     except QuartetError as exc:
-        err.print(f"quartet sweep: error: {exc}", markup=False, highlight=False)
+        print(f"quartet sweep: error: {exc}", file=sys.stderr)
         return 2
     render_plan(plan, console, max_rows=args.max_rows)
     if args.dry_run:
@@ -289,7 +289,7 @@ def cli_main(argv: list[str] | None = None) -> int:
         console.print("interrupted; relaunch the same command to resume")
         return 130
     except QuartetError as exc:
-        err.print(f"quartet sweep: error: {exc}", markup=False, highlight=False)
+        print(f"quartet sweep: error: {exc}", file=sys.stderr)
         return 2
 
 

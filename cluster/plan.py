@@ -212,12 +212,12 @@ def render_plan(plan: Plan, console=None, max_rows: int | None = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = console or Console(width=200)
+    console = console or Console()
     prof = plan.profile
     dev = prof.device_label
     table = Table(title=f"sweep {plan.spec.name} -> {prof.name} ({prof.kind})", show_lines=False)
     for col in ("run", "N", "D", "D/N", "steps", "LR", "FLOPs", f"{dev}s", f"{dev}-h", "state"):
-        table.add_column(col, justify="left" if col in ("run", "state") else "right")
+        table.add_column(col, justify="left" if col in ("run", "state") else "right", no_wrap=True)
     rows = plan.runs if max_rows is None else plan.runs[:max_rows]
     for r in rows:
         table.add_row(r.run_id, _si(r.n_params), _si(r.tokens), f"{r.tokens / r.n_params:.0f}", str(r.steps),

@@ -74,11 +74,11 @@ def cli_main(argv: list[str] | None = None) -> int:
 
     from quartet.paths import runs_root
 
-    args = _parser().parse_args(argv)
+    args = _parser().parse_intermixed_args(argv)
     root = Path(args.runs_dir) if args.runs_dir else runs_root()
     name = Path(args.name).stem if args.name.endswith((".yaml", ".yml")) else args.name
     group = root / name
-    console = Console(width=max(120, Console().width))
+    console = Console(width=None if sys.stdout.isatty() else 200)
     if not group.is_dir():
         console.print(f"quartet status: no runs of sweep {name!r} under {root} (launch it with: quartet sweep {name})")
         return 1
