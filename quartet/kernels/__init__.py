@@ -7,3 +7,12 @@
 
 Importing this package needs only torch (triton is imported lazily where present).
 """
+
+try:
+    from quartet.kernels.backends import register as _register
+
+    _register()
+except Exception:  # pragma: no cover - a broken optional dependency must not break `import quartet`
+    import traceback as _tb
+
+    _REGISTER_ERROR = _tb.format_exc()

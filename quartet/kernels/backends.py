@@ -1,0 +1,133 @@
+"""Kernel backends registered behind :mod:`quartet.quant.backend` (the seam of the quantized linear).
+
+``triton``           fused Triton quantizers + BF16 GEMM on dequantized values (any CUDA GPU)
+``hopper_fp8``       fused quantizers writing FP8 with folded per-row scales + ``torch._scaled_mm`` (sm_89/sm_90+)
+``blackwell_mxfp4``  fused quantizers writing packed E2M1/E8M0 + native MXFP4 ``scaled_mm`` (sm_100+)
+
+They handle the MX kinds ``quest``, ``absmax`` (RTN/SR) and ``ocp`` with 32-groups and an optional
+32-Hadamard; any other quantizer makes ``unsupported_reason`` answer, so ``auto`` skips them and a
+backend named in the config fails at start-up. ``auto`` prefers blackwell > hopper > triton > reference.
+"""
+from __future__ import annotations
+
+import torch
+
+from quartet.kernels import gemm as G
+from quartet.kernels.triton_quant import HAS_TRITON, mx_quantize
+
+_RULE = {"quest": "quest", "absmax": "absmax", "ocp": "rtn_absmax"}
+
+
+def _base():
+    from quartet.quant.backend import Backend  # late import: the seam imports this package lazily
+
+    return Backend
+
+
+def _make_classes():
+    Backend = _base()
+    from quartet.quant.quantizers import QTensor
+
+    class TritonBackend(Backend):
+        """Fused Triton quantizers; GEMMs in BF16 on the (exact) dequantized values."""
+
+        name = "triton"
+        engine = "triton"
+
+        def __init__(self):
+            self.flushed = None  # device int32 counter of FP8 values that were not exact
+
+        def supports_device(self, device):
+            return HAS_TRITON and torch.device(device).type == "cuda"
+
+        def unsupported_reason(self, spec, device):
+            if not self.supports_device(device):
+                return f"backend {self.name!r} needs a CUDA GPU with triton (device {device})"
+            if spec.kind not in _RULE:
+                return f"backend {self.name!r} runs MX quantizers (quest/absmax/ocp), not {spec.label()}"
+            if spec.group != 32:
+                return f"backend {self.name!r} supports 32-groups only, not {spec.label()}"
+            if spec.kind == "quest" and (spec.stochastic or not spec.floor):
+                return f"backend {self.name!r}: QuEST must be RTN with power-of-two scales ({spec.label()})"
+            return None
+
+        def _opts(self):
+            return {"deq": True, "out_dtype": torch.float32}
+
+        def quantize(self, x, spec, *, block=None, signs=None, seed=None, stats=False):
+            if block not in (None, 32):
+                raise ValueError(f"{self.name}: Hadamard block must be 32, got {block}")
+            shape = x.shape
+            x2 = x.reshape(-1, shape[-1])
+            if x2.dtype not in (torch.bfloat16, torch.float32):
+                x2 = x2.float()
+            op = mx_quantize(x2, axis=-1, rule=_RULE[spec.kind], stochastic=spec.stochastic,
+                             seed=0 if seed is None else int(seed) & 0x7FFF_FFFF, hadamard=block is not None,
+                             signs=signs, mask=spec.kind == "quest", **self._opts())
+            if op.flushed is not None:
+                self.flushed = op.flushed if self.flushed is None else self.flushed + op.flushed
+            values = op.deq.reshape(shape) if op.deq is not None else None
+            q = QTensor(values=values, grad_factor=op.mask.reshape(shape) if op.mask is not None else None, data=op)
+            if stats:
+                from quartet.quant.quantizers import quantizer_stats
+
+                xr = self.transform(x, block, signs) if block else x.float()
+                q.stats = quantizer_stats(xr, q)
+            return q
+
+        def gemm(self, a, b):
+            return G.bf16_mm(a.data, b.data, out_dtype=torch.float32)
+
+        def describe(self, device):
+            return f"{self.name}: fused Triton Hadamard+MXFP4 quantizers, BF16 GEMM on dequantized values, on {device}"
+
+    class HopperFP8Backend(TritonBackend):
+        """MXFP4 values folded exactly into FP8 (per-row scales) and multiplied on FP8 tensor cores."""
+
+        name = "hopper_fp8"
+
+        def supports_device(self, device):
+            device = torch.device(device)
+            return HAS_TRITON and device.type == "cuda" and G.hopper_available()
+
+        def _opts(self):
+            # values (float32) stay available for the layer's saved tensors and statistics
+            return {"deq": True, "out_dtype": torch.float32, "fp8": "e4m3"}
+
+        def gemm(self, a, b):
+            return G.hopper_fp8_mm(a.data, b.data, out_dtype=torch.float32)
+
+        def describe(self, device):
+            return (f"{self.name}: fused Triton quantizers -> FP8 e4m3 with folded per-row scales, "
+                    f"torch._scaled_mm (flushed values counted), on {device}")
+
+    class BlackwellMXFP4Backend(TritonBackend):
+        """Native MXFP4 GEMM through ``torch.nn.functional.scaled_mm`` (sm_100+)."""
+
+        name = "blackwell_mxfp4"
+
+        def supports_device(self, device):
+            return HAS_TRITON and torch.device(device).type == "cuda" and G.blackwell_available()
+
+        def _opts(self):
+            return {"deq": True, "out_dtype": torch.float32, "mx": True}
+
+        def gemm(self, a, b):
+            return G.blackwell_mxfp4_mm(a.data, b.data, out_dtype=torch.float32)
+
+        def describe(self, device):
+            return f"{self.name}: fused Triton quantizers -> packed E2M1 + swizzled E8M0, F.scaled_mm MXFP4, on {device}"
+
+    return TritonBackend, HopperFP8Backend, BlackwellMXFP4Backend
+
+
+def register() -> None:
+    """Register the kernel backends with the quantization seam (called on ``import quartet.kernels``)."""
+    try:
+        from quartet.quant.backend import register_backend
+    except ImportError:  # the seam is not there (stand-alone benchmark checkout): nothing to register
+        return
+    triton_cls, hopper_cls, blackwell_cls = _make_classes()
+    register_backend("triton", lambda device: triton_cls(), priority=10)
+    register_backend("hopper_fp8", lambda device: hopper_cls(), priority=20)
+    register_backend("blackwell_mxfp4", lambda device: blackwell_cls(), priority=30)

@@ -1,0 +1,239 @@
+"""``quartet bench`` — GPU benchmarks of the fused quantizers, the Quartet linear layer and training steps.
+
+Runs with only torch + triton (no hydra): models are built from explicit sizes. Every section writes
+medians of ``triton.testing.do_bench`` (CUDA events, warm-up excluded) and the ratios taken in the
+same run into one JSON file (default ``benchmarks/results/<device>-<section>.json``).
+
+    quartet bench quant            # quantizer bandwidth vs device copy bandwidth (x = 16384 x 4096 bf16)
+    quartet bench linear           # linear fwd+bwd vs BF16 at the three training shapes (GEMM-only and end to end)
+    quartet bench step             # full training step of the 100M and 800M models vs BF16 (tokens/s, memory)
+    quartet bench all --out F.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+LINEAR_SHAPES = [(16384, 2048, 8192), (16384, 8192, 2048), (16384, 4096, 4096)]
+MODELS = {"100m": dict(n_layer=8, d_model=1024, n_head=8), "800m": dict(n_layer=16, d_model=2048, n_head=16)}
+
+
+def _bench(fn, warmup=25, rep=100) -> float:
+    """Median milliseconds of ``fn`` (CUDA events)."""
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
+
+
+def _log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+# --------------------------------------------------------------------------------------------- quant
+def bench_quant(rows: int = 16384, cols: int = 4096) -> dict:
+    """Each recipe's time and bytes moved over the device copy bandwidth (same tensor, same run)."""
+    from quartet.kernels.triton_quant import mx_quantize
+
+    dev = "cuda"
+    x = torch.randn(rows, cols, device=dev, dtype=torch.bfloat16)
+    n = x.numel()
+    y = torch.empty_like(x)
+    t_copy = _bench(lambda: y.copy_(x))
+    copy_bw = 4 * n / t_copy / 1e6  # GB/s, bytes read + written
+    signs = (torch.randint(0, 2, (32,), device=dev) * 2 - 1).float()
+    recipes = {
+        # name: (kwargs, bytes that must move)
+        "fwd_quest_mask_deq_bf16": (dict(rule="quest", mask=True), 2 * n + 2 * n + n),
+        "bwd_sr_absmax_deq_bf16": (dict(rule="absmax", stochastic=True, signs=signs), 2 * n + 2 * n),
+        "fwd_quest_mask_fp8_e4m3": (dict(rule="quest", mask=True, deq=False, fp8="e4m3"), 2 * n + n + n),
+        "bwd_sr_absmax_fp8_e4m3": (dict(rule="absmax", stochastic=True, signs=signs, deq=False, fp8="e4m3"), 2 * n + n),
+        "bwd_sr_absmax_fp8_e5m2_transposed": (dict(rule="absmax", stochastic=True, signs=signs, deq=False,
+                                                   fp8="e5m2", axis=0), 2 * n + n),
+        "bwd_sr_absmax_deq_bf16_transposed": (dict(rule="absmax", stochastic=True, signs=signs, axis=0), 2 * n + 2 * n),
+        "fwd_quest_mx_codes": (dict(rule="quest", mask=True, deq=False, mx=True), 2 * n + n // 2 + n // 32 + n),
+    }
+    out = {"shape": [rows, cols], "copy_ms": t_copy, "copy_GBps": copy_bw, "recipes": {}}
+    for name, (kw, nbytes) in recipes.items():
+        seed = [0]
+
+        def run(kw=kw):
+            seed[0] += 1
+            return mx_quantize(x, seed=seed[0], **kw)
+
+        t = _bench(run)
+        bw = nbytes / t / 1e6
+        out["recipes"][name] = {"ms": t, "bytes": nbytes, "GBps": bw, "share_of_copy": bw / copy_bw}
+        _log(f"  quant {name:38s} {t * 1e3:8.1f} us  {bw:7.0f} GB/s  {bw / copy_bw:6.1%} of copy")
+    return out
+
+
+# -------------------------------------------------------------------------------------------- linear
+def bench_linear(shapes=LINEAR_SHAPES) -> dict:
+    """Linear fwd+bwd: BF16 F.linear vs the fused Quartet layer (hopper_fp8 / triton engines)."""
+    from quartet.kernels import gemm as G
+    from quartet.kernels.linear import QuartetLinear
+    from quartet.kernels.triton_quant import mx_quantize
+
+    dev = "cuda"
+    res = []
+    for T, K, N in shapes:
+        torch.manual_seed(0)
+        x = torch.randn(T, K, device=dev, dtype=torch.bfloat16, requires_grad=True)
+        w = (torch.randn(N, K, device=dev) * K ** -0.5).to(torch.bfloat16).requires_grad_(True)
+        e = torch.randn(T, N, device=dev, dtype=torch.bfloat16)
+        row = {"shape": [T, K, N]}
+
+        def bf16_step():
+            y = torch.nn.functional.linear(x, w)
+            y.backward(e)
+
+        row["bf16_ms"] = _bench(bf16_step)
+        # BF16 on MXFP4-valued data (anchors: BF16 runs faster on such data): the three GEMMs only
+        xq = mx_quantize(x.detach(), rule="quest").deq
+        wq = mx_quantize(w.detach(), rule="quest").deq
+        eq = mx_quantize(e, rule="absmax").deq
+        row["bf16_gemms_ms"] = _bench(lambda: (xq @ wq.t(), eq @ wq, eq.t() @ xq))
+        # FP8 GEMMs only on pre-quantized operands (the GEMM-only speed of the hopper_fp8 engine)
+        a1, b1 = mx_quantize(x.detach(), rule="quest", fp8="e4m3"), mx_quantize(w.detach(), rule="quest", fp8="e4m3")
+        a2, b2 = mx_quantize(e, rule="absmax", fp8="e4m3"), mx_quantize(w.detach(), rule="absmax", axis=0, fp8="e4m3")
+        a3, b3 = mx_quantize(e, rule="absmax", axis=0, fp8="e5m2"), mx_quantize(x.detach(), rule="absmax", axis=0, fp8="e4m3")
+        row["fp8_gemms_ms"] = _bench(lambda: (G.hopper_fp8_mm(a1, b1), G.hopper_fp8_mm(a2, b2), G.hopper_fp8_mm(a3, b3)))
+        for engine in ("hopper_fp8", "triton"):
+            for sr in (False, True):
+                lin = QuartetLinear(K, N, engine=engine, stochastic=sr, device=dev)
+                with torch.no_grad():
+                    lin.weight.copy_(w)
+
+                def q_step(lin=lin):
+                    y = lin(x)
+                    y.backward(e)
+
+                key = f"quartet_{engine}_{'sr' if sr else 'rtn'}"
+                row[key + "_ms"] = _bench(q_step)
+                row[key + "_ratio"] = row[key + "_ms"] / row["bf16_ms"]
+                if engine == "hopper_fp8":
+                    lin.state.flushed = None
+                    q_step()
+                    torch.cuda.synchronize()
+                    row[key + "_flushed_per_step"] = int(lin.state.flushed.item()) if lin.state.flushed is not None else 0
+        row["gemm_only_ratio"] = row["fp8_gemms_ms"] / row["bf16_gemms_ms"]
+        # where the time goes: the six quantizer calls + two masked inverse rotations of one step
+        from quartet.kernels.triton_quant import masked_inverse_hadamard
+
+        mxk = torch.ones(T, K, device=dev, dtype=torch.bool)
+        g = torch.randn(T, K, device=dev, dtype=torch.bfloat16)
+        row["quantizers_ms"] = _bench(lambda: (
+            mx_quantize(x.detach(), rule="quest", mask=True, fp8="e4m3"),
+            mx_quantize(w.detach(), rule="quest", mask=True, fp8="e4m3"),
+            mx_quantize(e, rule="absmax", deq=False, fp8="e4m3"),
+            mx_quantize(w.detach(), rule="absmax", axis=0, deq=False, fp8="e4m3"),
+            mx_quantize(e, rule="absmax", axis=0, deq=False, fp8="e5m2"),
+            mx_quantize(x.detach(), rule="absmax", axis=0, deq=False, fp8="e4m3")))
+        row["inverse_rotations_ms"] = _bench(lambda: masked_inverse_hadamard(g, mxk))
+        _log(f"  linear {T}x{K}x{N}: bf16 {row['bf16_ms']:.3f} ms | quartet hopper_fp8 rtn "
+             f"{row['quartet_hopper_fp8_rtn_ms']:.3f} ms ({row['quartet_hopper_fp8_rtn_ratio']:.2f}x) | "
+             f"GEMM-only fp8/bf16 {row['gemm_only_ratio']:.2f} | quantizers {row['quantizers_ms']:.3f} ms | "
+             f"triton engine {row['quartet_triton_rtn_ratio']:.2f}x")
+        res.append(row)
+        del x, w, e
+        torch.cuda.empty_cache()
+    return {"shapes": res}
+
+
+# ---------------------------------------------------------------------------------------------- step
+def _convert(model, engine: str, stochastic: bool):
+    from quartet.kernels.linear import QuartetLinear
+    from quartet.model import BlockLinear
+
+    for name, mod in list(model.named_modules()):
+        for cname, child in list(mod.named_children()):
+            if isinstance(child, BlockLinear):
+                setattr(mod, cname, QuartetLinear.from_linear(child, engine=engine, stochastic=stochastic))
+    return model
+
+
+def bench_step(models=("100m", "800m"), batch: int = 32, seq: int = 512, vocab: int = 32000) -> dict:
+    """One optimizer step (fwd + bwd + AdamW) under bf16 autocast, tokens/s and peak memory."""
+    from quartet.model import Llama
+
+    dev = "cuda"
+    res = []
+    for name in models:
+        row = {"model": name, **MODELS[name], "batch": batch, "seq": seq}
+        for precision in ("bf16", "quartet"):
+            torch.manual_seed(0)
+            model = Llama(vocab_size=vocab, seq_len=seq, device=dev, **MODELS[name])
+            if precision == "quartet":
+                _convert(model, "hopper_fp8", stochastic=False)
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+            idx = torch.randint(0, vocab, (batch, seq), device=dev)
+
+            def step():
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    loss = model(idx, idx)
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+
+            for _ in range(3):
+                step()
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            ms = _bench(step, warmup=50, rep=300)
+            row[f"{precision}_ms"] = ms
+            row[f"{precision}_tokens_per_s"] = batch * seq / ms * 1e3
+            row[f"{precision}_peak_GiB"] = torch.cuda.max_memory_allocated() / 2**30
+            del model, opt
+            torch.cuda.empty_cache()
+        row["ratio"] = row["quartet_ms"] / row["bf16_ms"]
+        _log(f"  step {name}: bf16 {row['bf16_ms']:.1f} ms ({row['bf16_tokens_per_s']:.0f} tok/s, "
+             f"{row['bf16_peak_GiB']:.1f} GiB) | quartet {row['quartet_ms']:.1f} ms "
+             f"({row['quartet_tokens_per_s']:.0f} tok/s, {row['quartet_peak_GiB']:.1f} GiB) | {row['ratio']:.2f}x")
+        res.append(row)
+    return {"models": res}
+
+
+def _env() -> dict:
+    import triton
+
+    return {"device": torch.cuda.get_device_name(), "capability": list(torch.cuda.get_device_capability()),
+            "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
+            "python": platform.python_version(), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def cli_main(argv: list[str] | None = None) -> int:
+    """Entry point of ``quartet bench {quant,linear,step,all} [--out FILE]``."""
+    p = argparse.ArgumentParser(prog="quartet bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("section", choices=["quant", "linear", "step", "all"])
+    p.add_argument("--out", type=Path, default=None, help="JSON file (default benchmarks/results/<gpu>-<section>.json)")
+    p.add_argument("--models", default="100m,800m", help="comma list of step models (100m, 800m)")
+    p.add_argument("--batch", type=int, default=32, help="sequences per step for the step benchmark")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("quartet bench: needs a CUDA GPU (none found)", file=sys.stderr)
+        return 2
+    result = {"env": _env()}
+    if args.section in ("quant", "all"):
+        _log("quantizers:")
+        result["quant"] = bench_quant()
+    if args.section in ("linear", "all"):
+        _log("linear layer:")
+        result["linear"] = bench_linear()
+    if args.section in ("step", "all"):
+        _log("training step:")
+        result["step"] = bench_step(tuple(args.models.split(",")), batch=args.batch)
+    out = args.out or Path("benchmarks/results") / f"{torch.cuda.get_device_name().replace(' ', '_')}-{args.section}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    _log(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(cli_main())

@@ -1,0 +1,143 @@
+"""The fused Quartet linear layer: forward QuEST, backward absmax×3/4 (RTN or SR), all three GEMMs quantized.
+
+Three GEMMs of ``Y = X Wᵀ`` (X: T × in, W: out × in, E = dL/dY: T × out), each ``a @ b.T`` with
+32-groups and a 32-Hadamard along the reduction axis:
+
+=========  ===================================  ====================================  ==========
+GEMM       a                                    b                                     reduces
+=========  ===================================  ====================================  ==========
+forward    QuEST(X H)            (T, in)        QuEST(W H)             (out, in)      in
+dX̂        absmax(E D H)         (T, out)       absmax(Ŵᵀ D H)         (in, out)      out
+dŴ        absmax(Eᵀ D H)        (out, T)       absmax(X̂ᵀ D H)         (in, T)        T
+=========  ===================================  ====================================  ==========
+
+``D`` are the step's random signs (applied before ``H``). Every operand is produced by one fused
+kernel straight from the stored tensor (``Ŵᵀ``, ``Eᵀ``, ``X̂ᵀ`` are never materialised), and the
+gradients leave through the masked inverse rotation ``dX = (dX̂ ⊙ M_X) Hᵀ`` (same for W).
+The ×4/3 of each backward operand rides in the FP8 row scales, so the 16/9 output factor is free.
+
+GEMM engines: ``hopper_fp8`` (FP8 tensor cores on exactly folded values), ``blackwell_mxfp4``,
+``triton`` (BF16 GEMM on dequantized values).
+"""
+from __future__ import annotations
+
+import torch
+
+from quartet.kernels import gemm as G
+from quartet.kernels.triton_quant import mx_quantize, masked_inverse_hadamard
+
+ENGINES = ("hopper_fp8", "blackwell_mxfp4", "triton")
+
+
+def _signs(seed: int, device) -> torch.Tensor:
+    g = torch.Generator().manual_seed(int(seed) & 0x7FFF_FFFF)
+    return (torch.randint(0, 2, (32,), generator=g) * 2 - 1).float().to(device)
+
+
+class _Ctx:
+    """Per-layer state shared with the autograd function: engine, rounding, seeds, flush counter."""
+
+    def __init__(self, engine: str, stochastic: bool, seed: int = 0):
+        if engine not in ENGINES:
+            raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+        self.engine = engine
+        self.stochastic = stochastic
+        self.seed = seed
+        self.step = 0
+        self.calls = 0
+        self.flushed: torch.Tensor | None = None
+
+    def next_seed(self) -> int:
+        self.calls += 1
+        return (self.seed * 1_000_003 + self.step * 7919 + self.calls) & 0x7FFF_FFFF
+
+    def add_flushed(self, *ops):
+        for op in ops:
+            if op.flushed is not None:
+                self.flushed = op.flushed.clone() if self.flushed is None else self.flushed + op.flushed
+
+
+def _q(x, ctx: _Ctx, **kw):
+    if ctx.engine == "hopper_fp8":
+        kw.setdefault("fp8", "e4m3")
+        kw.setdefault("deq", False)
+    elif ctx.engine == "blackwell_mxfp4":
+        kw["mx"] = True
+        kw.setdefault("deq", False)
+    else:
+        kw["deq"] = True
+    return mx_quantize(x, **kw)
+
+
+def _mm(ctx: _Ctx, a, b):
+    if ctx.engine == "hopper_fp8":
+        return G.hopper_fp8_mm(a, b)
+    if ctx.engine == "blackwell_mxfp4":
+        return G.blackwell_mxfp4_mm(a, b)
+    return G.bf16_mm(a, b)
+
+
+class QuartetLinearFn(torch.autograd.Function):
+    """autograd over the three quantized GEMMs (see the module docstring)."""
+
+    @staticmethod
+    def forward(ctx, x2d: torch.Tensor, weight: torch.Tensor, state: _Ctx):
+        x2d = x2d.to(torch.bfloat16)
+        w = weight.to(torch.bfloat16)
+        # forward operands: QuEST with the fixed Hadamard; keep X̂, Ŵ (bf16, exact) and masks for backward
+        qx = _q(x2d, state, rule="quest", mask=True, deq=True)
+        qw = _q(w, state, rule="quest", mask=True, deq=True)
+        state.add_flushed(qx, qw)
+        y = _mm(state, qx, qw)
+        ctx.save_for_backward(qx.deq, qx.mask, qw.deq, qw.mask)
+        ctx.state = state
+        ctx.wdtype = weight.dtype
+        return y
+
+    @staticmethod
+    def backward(ctx, e: torch.Tensor):
+        xh, mx_, wh, mw = ctx.saved_tensors
+        st: _Ctx = ctx.state
+        e = e.contiguous().to(torch.bfloat16)
+        signs = _signs(st.next_seed(), e.device)
+        kw = dict(rule="absmax", stochastic=st.stochastic, signs=signs)
+        # dX̂ = E Ŵ, reduced over out: E grouped along its rows, Ŵᵀ read from Ŵ's columns
+        qe = _q(e, st, axis=-1, seed=st.next_seed(), **kw)
+        qwt = _q(wh, st, axis=0, seed=st.next_seed(), **kw)
+        dx = masked_inverse_hadamard(_mm(st, qe, qwt), mx_)
+        # dŴ = Eᵀ X̂, reduced over tokens: both read column-wise; the gradient gets e5m2's wider range
+        fmt = {"fp8": "e5m2"} if st.engine == "hopper_fp8" else {}
+        qet = _q(e, st, axis=0, seed=st.next_seed(), **fmt, **kw)
+        qxt = _q(xh, st, axis=0, seed=st.next_seed(), **kw)
+        st.add_flushed(qe, qwt, qet, qxt)
+        dw = masked_inverse_hadamard(_mm(st, qet, qxt), mw, out_dtype=torch.float32)
+        return dx, dw.to(ctx.wdtype), None
+
+
+class QuartetLinear(torch.nn.Linear):
+    """Drop-in ``nn.Linear`` (no bias) that runs the fused Quartet scheme on a GPU engine."""
+
+    def __init__(self, in_features: int, out_features: int, engine: str = "hopper_fp8", stochastic: bool = False,
+                 seed: int = 0, device=None, dtype=None):
+        super().__init__(in_features, out_features, bias=False, device=device, dtype=dtype)
+        self.state = _Ctx(engine, stochastic, seed)
+
+    @classmethod
+    def from_linear(cls, lin: torch.nn.Linear, engine: str = "hopper_fp8", stochastic: bool = False, seed: int = 0):
+        """Wrap an existing (bias-free) linear, sharing its weight Parameter."""
+        new = cls.__new__(cls)
+        torch.nn.Module.__init__(new)
+        new.in_features, new.out_features = lin.in_features, lin.out_features
+        new.weight = lin.weight
+        new.bias = None
+        new.state = _Ctx(engine, stochastic, seed)
+        return new
+
+    def set_step(self, step: int) -> None:
+        self.state.step = step
+        self.state.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        y = QuartetLinearFn.apply(x.reshape(-1, shape[-1]), self.weight, self.state)
+        return y.reshape(*shape[:-1], self.out_features).to(x.dtype if x.dtype != torch.float32 else y.dtype)

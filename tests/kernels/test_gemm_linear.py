@@ -1,0 +1,121 @@
+"""GEMM engines, the Blackwell scale layout, the fused Quartet linear and the backend seam."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+
+from quartet.kernels import gemm as G  # noqa: E402
+from quartet.kernels import linear as L  # noqa: E402
+from quartet.kernels.triton_quant import mx_quantize  # noqa: E402
+from quartet.quant import hadamard, mx  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def test_swizzle_layout_matches_the_documented_tile_order():
+    R, C = 200, 9  # padded to 256 x 12
+    s = torch.randint(0, 255, (R, C), dtype=torch.uint8)
+    flat = G.swizzle_mx_scales(s)
+    assert flat.numel() == 256 * 12
+    # element (r, c) lives in tile (r//128, c//4) at byte 16*(r%32) + 4*((r%128)//32) + c%4
+    for r, c in [(0, 0), (31, 3), (32, 0), (127, 5), (130, 8), (199, 2)]:
+        tile = (r // 128) * 3 + c // 4
+        off = tile * 512 + 16 * (r % 32) + 4 * ((r % 128) // 32) + c % 4
+        assert flat[off] == s[r, c]
+    assert torch.equal(G.unswizzle_mx_scales(flat, R, C), s)
+
+
+def _exact_rotation(x, signs):
+    """The kernel's rotation: exact ±1 sums (float64) times fp32(1/sqrt 32), rounded once to float32."""
+    from quartet.kernels.triton_quant import INV_SQRT32, sylvester_pm1
+
+    h = sylvester_pm1(32).double()
+    if signs is not None:
+        h = signs.double().cpu().unsqueeze(1) * h
+    xb = x.double().cpu().reshape(*x.shape[:-1], -1, 32)
+    c = float(torch.tensor(INV_SQRT32, dtype=torch.float32))
+    return ((xb @ h).float().double() * c).float().reshape(x.shape)
+
+
+def _reference_layer(x, w, e, signs):
+    """Quartet forward/backward with the oracle (RTN backward), float32, in the kernel's rotation."""
+    xh, mxk = mx.quest_mxfp4(_exact_rotation(x, None))
+    wh, mwk = mx.quest_mxfp4(_exact_rotation(w, None))
+    y = xh @ wh.t()
+    qe = mx.absmax_mxfp4(_exact_rotation(e, signs))
+    qwt = mx.absmax_mxfp4(_exact_rotation(wh.t().contiguous().bfloat16(), signs))
+    dx = hadamard.block_hadamard((qe @ qwt.t()) * mxk, 32, inverse=True)
+    qet = mx.absmax_mxfp4(_exact_rotation(e.t().contiguous(), signs))
+    qxt = mx.absmax_mxfp4(_exact_rotation(xh.t().contiguous().bfloat16(), signs))
+    dw = hadamard.block_hadamard((qet @ qxt.t()) * mwk, 32, inverse=True)
+    return y, dx, dw
+
+
+def _rel(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+@pytest.mark.parametrize("engine", ["triton"] + (["hopper_fp8"] if DEV == "cuda" and G.hopper_available() else []))
+def test_fused_linear_matches_oracle(engine):
+    g = torch.Generator().manual_seed(0)
+    T, K, N = (64, 64, 96) if DEV == "cpu" else (512, 256, 384)
+    x = torch.randn(T, K, generator=g).bfloat16()
+    w = (torch.randn(N, K, generator=g) * 0.1).bfloat16()
+    e = torch.randn(T, N, generator=g).bfloat16()
+    lin = L.QuartetLinear(K, N, engine=engine, stochastic=False, seed=3, device=DEV)
+    with torch.no_grad():
+        lin.weight.copy_(w.float())
+    xd = x.to(DEV).requires_grad_(True)
+    y = lin(xd)
+    y.backward(e.to(DEV))
+    # the backward draws its signs from the first per-call seed of step 0
+    st = L._Ctx("triton", False, seed=3)
+    signs = L._signs(st.next_seed(), "cpu")
+    ry, rdx, rdw = _reference_layer(x, w, e, signs)
+    assert _rel(y.cpu(), ry) < 1e-2  # bf16 output rounding (exact inputs)
+    assert _rel(xd.grad.cpu(), rdx) < 2e-2
+    assert _rel(lin.weight.grad.cpu(), rdw) < 2e-2
+    if engine == "hopper_fp8":
+        assert lin.state.flushed.item() == 0
+
+
+@pytest.mark.gpu
+def test_hopper_fp8_gemm_is_exact_up_to_fp8_accumulation():
+    if not G.hopper_available():
+        pytest.skip("needs FP8 tensor cores")
+    torch.manual_seed(1)
+    for axis_a, axis_b, fa, fb in [(-1, -1, "e4m3", "e4m3"), (0, 0, "e5m2", "e4m3"), (-1, 0, "e4m3", "e4m3")]:
+        a = torch.randn(1024, 2048, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
+        qa = mx_quantize(a, axis=axis_a, rule="absmax", fp8=fa, out_dtype=torch.float32)
+        qb = mx_quantize(b, axis=axis_b, rule="absmax", fp8=fb, out_dtype=torch.float32)
+        out = G.hopper_fp8_mm(qa, qb, out_dtype=torch.float32)
+        ref = qa.deq.double() @ qb.deq.double().t()
+        assert qa.flushed.item() == 0 and qb.flushed.item() == 0
+        assert _rel(out, ref) < 1e-4  # the stated tolerance: Hopper FP8 accumulation (anchors: 1e-5..5e-5)
+
+
+@pytest.mark.gpu
+def test_backend_seam_on_gpu():
+    from quartet.quant.backend import get_backend
+    from quartet.quant.quantizers import QuantizerSpec, reference_quantize
+
+    dev = torch.device("cuda")
+    auto = get_backend("auto", dev, [QuantizerSpec("quest"), QuantizerSpec("absmax", stochastic=True)])
+    assert auto.name in ("hopper_fp8", "blackwell_mxfp4")
+    x = torch.randn(256, 512, device=dev)
+    for name in ("triton", "hopper_fp8"):
+        be = get_backend(name, dev)
+        for spec in (QuantizerSpec("quest"), QuantizerSpec("absmax"), QuantizerSpec("ocp")):
+            q = be.quantize(x, spec)
+            ref = reference_quantize(x, spec)
+            assert torch.equal(q.values, ref.values), (name, spec)
+            if spec.kind == "quest":
+                assert torch.equal(q.grad_factor, ref.grad_factor)
+        qa, qb = be.quantize(x, QuantizerSpec("quest"), block=32), be.quantize(x[:128], QuantizerSpec("quest"), block=32)
+        out = be.gemm(qa, qb)
+        assert _rel(out, qa.values.double() @ qb.values.double().t()) < 1e-4
+    with pytest.raises(Exception, match="nvfp4|MX quantizers"):
+        get_backend("hopper_fp8", dev, [QuantizerSpec("nvfp4", group=16)])
