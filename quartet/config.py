@@ -1,0 +1,478 @@
+"""Typed run configuration: Hydra structured configs, composition and the one resolve step.
+
+``compose(overrides)`` builds a :class:`omegaconf.DictConfig` from ``conf/train.yaml`` and its groups
+(``model/ precision/ budget/ data/ optim/ logging/``) on top of the dataclasses below, so a typo'd key
+or a wrongly typed value fails at compose time. ``resolve(cfg)`` then derives everything that must
+never be typed by hand (non-embedding N, tokens D, steps, warm-up, LR, micro-batches, token dtype)
+and validates it. Both raise :class:`quartet.errors.ConfigError` with a one-line message that names
+the key and what is allowed, so the CLI can print it as is.
+
+Derived values follow the paper's code (IST-DASLab/Quartet ``main_setup.sh``):
+``steps = tokens // (batch_size * seq_len)`` and ``warmup = steps // 10``; with ``tokens`` either
+``budget.tokens`` or ``budget.tokens_per_param * model.nominal_params`` (the paper's D/N uses the
+nominal size, e.g. 30e6 for the 30M model). ``D`` actually trained is ``steps * batch * seq_len``.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from quartet.errors import ConfigError
+from quartet.model import ffn_hidden
+from quartet.paths import CONF_DIR
+from quartet.quant.config import PrecisionConfig
+
+# --------------------------------------------------------------------------------------------
+# Schemas (one dataclass per config group)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ModelConfig:
+    """A Llama-2 style decoder (see ``quartet.model.Llama``); sizes follow the paper's Table 4."""
+
+    name: str = MISSING
+    n_layer: int = MISSING
+    d_model: int = MISSING
+    n_head: int = MISSING
+    #: context length of the model and the training windows (the paper: 512)
+    seq_len: int = 512
+    #: the size used for D/N budgets (the paper counts 30M, 50M, ... not the exact N)
+    nominal_params: float = MISSING
+    #: peak learning rate for this size (the paper scales it ~1/N from a tuned small model)
+    lr: float = MISSING
+    #: sequences per optimizer step recommended for this size (the paper: 512); optim.batch_size overrides
+    batch_size: int = 512
+    #: SwiGLU hidden = multiple_of * ceil(int(8d/3) / multiple_of); the paper uses 256
+    ffn_multiple_of: int = 256
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    init_std: float = 0.02
+
+
+@dataclass
+class BudgetConfig:
+    """Training tokens: exactly one of ``tokens_per_param`` (D / nominal N) or ``tokens`` (absolute)."""
+
+    name: str = "custom"
+    tokens_per_param: Optional[float] = None
+    tokens: Optional[int] = None
+
+
+@dataclass
+class DataConfig:
+    """Where the token shards come from; prepared once by ``quartet data prepare`` (or on first use)."""
+
+    name: str = MISSING
+    #: shakespeare (bundled corpus) | files (local text files/folders) | hf (Hugging Face datasets, e.g. C4)
+    source: str = "shakespeare"
+    #: for source=files: files or folders of *.txt; for source=hf: ignored
+    paths: list[str] = field(default_factory=list)
+    #: for source=hf: dataset path / config / split (C4: allenai/c4, en, train)
+    hf_path: str = "allenai/c4"
+    hf_name: Optional[str] = "en"
+    hf_split: str = "train"
+    hf_text_field: str = "text"
+    #: bpe (byte-level BPE trained offline on the train documents) | hf (a pretrained tokenizer by name)
+    tokenizer: str = "bpe"
+    #: for tokenizer=hf: the Hugging Face tokenizer (the paper: meta-llama/Llama-2-7b-hf)
+    tokenizer_name: Optional[str] = None
+    vocab_size: int = 2048
+    #: auto (uint16 when vocab <= 65536, else uint32) | uint16 | uint32
+    token_dtype: str = "auto"
+    #: held-out fraction of documents (document-level split; the paper holds out 0.0005 of C4)
+    val_fraction: float = 0.02
+    #: stop reading the source after this many documents / characters (null = all)
+    max_documents: Optional[int] = None
+    max_chars: Optional[int] = None
+    #: seed of the document split and the tokenizer training
+    split_seed: int = 2357
+    #: tokens per shard file
+    shard_tokens: int = 100_000_000
+    #: prepared-data folder; null = <cache>/data/<name>-<key>/ (keyed by source + tokenizer settings)
+    dir: Optional[str] = None
+    #: full (sizes + sha256 of every shard at load) | size (sizes only; for very large shards)
+    verify: str = "full"
+
+
+@dataclass
+class OptimConfig:
+    """The paper's recipe: AdamW, wd on block linear weights only, clip, OneCycle-cosine schedule."""
+
+    name: str = "paper"
+    #: peak LR; null = the model size's LR (model.lr)
+    lr: Optional[float] = None
+    #: sequences per optimizer step; null = model.batch_size
+    batch_size: Optional[int] = None
+    #: sequences per forward/backward (gradient accumulation = batch / (micro * world)); null = no accumulation
+    micro_batch_size: Optional[int] = None
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    #: fraction of steps used for warm-up (warmup = int(steps * fraction); the paper: steps // 10)
+    warmup_fraction: float = 0.1
+    #: warm-up starts at lr / div_factor (the paper: OneCycleLR div_factor=100)
+    div_factor: float = 100.0
+    #: the end LR is lr / end_div (the paper: lr / 10)
+    end_div: float = 10.0
+
+
+@dataclass
+class WandbConfig:
+    #: offline (default, sync later with `wandb sync`) | online | disabled
+    mode: str = "offline"
+    project: str = "quartet"
+    entity: Optional[str] = None
+    tags: list[str] = field(default_factory=list)
+    #: seconds wandb.init may take before the run continues without wandb
+    init_timeout: float = 60.0
+
+
+@dataclass
+class LoggingConfig:
+    name: str = "default"
+    #: write a metrics row every N steps
+    log_every: int = 10
+    #: validation loss every N steps (0 = only the final full pass) on val_batches micro-batches
+    val_every: int = 200
+    val_batches: int = 32
+    #: checkpoint every N steps (0 = only on stop / completion)
+    ckpt_every: int = 500
+    #: terminal progress bar
+    progress: bool = True
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+
+
+@dataclass
+class RunConfig:
+    #: group folder under out_dir (e.g. the sweep name)
+    name: str = "default"
+    seed: int = 0
+    data_seed: int = 1337
+    #: runs root; null = quartet.paths.runs_root() (QUARTET_RUNS or ./runs)
+    out_dir: Optional[str] = None
+    #: auto | cpu | cuda
+    device: str = "auto"
+    #: bf16 autocast on CUDA (fp32 on CPU regardless)
+    amp: bool = True
+    compile: bool = False
+
+
+@dataclass
+class DerivedConfig:
+    """Filled by :func:`resolve`; never set by hand (a mismatching value is an error)."""
+
+    n_params: Optional[int] = None
+    n_params_total: Optional[int] = None
+    nominal_params: Optional[float] = None
+    vocab_size: Optional[int] = None
+    ffn_hidden: Optional[int] = None
+    lr: Optional[float] = None
+    batch_size: Optional[int] = None
+    micro_batch_size: Optional[int] = None
+    seq_len: Optional[int] = None
+    tokens_per_step: Optional[int] = None
+    budget_tokens: Optional[int] = None
+    tokens: Optional[int] = None
+    steps: Optional[int] = None
+    warmup_steps: Optional[int] = None
+    token_dtype: Optional[str] = None
+
+
+@dataclass
+class TrainConfig:
+    model: ModelConfig = MISSING
+    precision: PrecisionConfig = MISSING
+    budget: BudgetConfig = MISSING
+    data: DataConfig = MISSING
+    optim: OptimConfig = MISSING
+    logging: LoggingConfig = MISSING
+    run: RunConfig = field(default_factory=RunConfig)
+    derived: DerivedConfig = field(default_factory=DerivedConfig)
+    #: cluster-side settings (owned by cluster/); free-form here so train runs without them
+    cluster: Optional[Any] = None
+
+
+_GROUPS = ("model", "precision", "budget", "data", "optim", "logging")
+_registered = False
+
+
+def register_configs() -> None:
+    """Register the schemas in Hydra's ConfigStore (idempotent)."""
+    global _registered
+    if _registered:
+        return
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    cs.store(name="train_schema", node=TrainConfig)
+    _registered = True
+
+
+# --------------------------------------------------------------------------------------------
+# Compose
+# --------------------------------------------------------------------------------------------
+
+
+def group_options(group: str, conf_dir: Path | None = None) -> list[str]:
+    """The YAML options of a config group (``conf/<group>/*.yaml``), sorted."""
+    d = Path(conf_dir or CONF_DIR) / group
+    return sorted(p.stem for p in d.glob("*.yaml")) if d.is_dir() else []
+
+
+def _keys_of(dotted_parent: str) -> list[str]:
+    schemas = {"": TrainConfig, "model": ModelConfig, "precision": PrecisionConfig, "budget": BudgetConfig,
+               "data": DataConfig, "optim": OptimConfig, "logging": LoggingConfig, "logging.wandb": WandbConfig,
+               "run": RunConfig, "derived": DerivedConfig}
+    schema = schemas.get(dotted_parent)
+    return list(OmegaConf.structured(schema).keys()) if schema is not None else []
+
+
+def _rephrase(exc: BaseException, overrides: list[str], conf_dir: Path) -> ConfigError:
+    """Turn a Hydra / OmegaConf composition error into a one-line ConfigError naming key + allowed values."""
+    text = " ".join(str(exc).split())
+    chain = []
+    e: BaseException | None = exc
+    while e is not None and len(chain) < 6:
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    # 1) unknown option of a group: "Could not find 'model/foo'" / "In 'train': Could not find 'model/foo'"
+    m = re.search(r"Could not (?:find|load) '([\w/]+)/([^'/]+)'", text)
+    if m:
+        group, option = m.group(1), m.group(2)
+        opts = group_options(group, conf_dir)
+        return ConfigError(f"{group}={option}: unknown {group}; allowed: {', '.join(opts) or '(none)'}")
+    # 2) unknown key / bad type: OmegaConf errors carry full_key
+    for e in chain:
+        if isinstance(e, OmegaConfBaseException) and getattr(e, "full_key", None):
+            key = e.full_key
+            parent = key.rsplit(".", 1)[0] if "." in key else ""
+            msg = " ".join(str(getattr(e, "msg", "") or str(e)).split("\n")[0].split())
+            if "not in" in msg or "Key '" in msg and "not" in msg:
+                allowed = _keys_of(parent)
+                return ConfigError(f"{key}: unknown key; allowed keys{' of ' + parent if parent else ''}: "
+                                   f"{', '.join(allowed)}")
+            value = getattr(e, "value", None)
+            conv = re.search(r"could not be converted to (\w+)", msg)
+            expected = conv.group(1).lower() if conv else "a value of the schema's type"
+            vtxt = f" {value!r}" if value is not None else ""
+            return ConfigError(f"{key}: bad value{vtxt}; expected {expected}")
+    m = re.search(r"Could not override '([^']+)'", text)
+    if m:
+        key = m.group(1)
+        parent = key.rsplit(".", 1)[0] if "." in key else ""
+        return ConfigError(f"{key}: cannot be overridden ({text.split('.')[-2].strip() if '.' in text else text}); "
+                           f"allowed keys{' of ' + parent if parent else ''}: {', '.join(_keys_of(parent))}")
+    m = re.search(r"Key '([^']+)' (?:is )?not in", text)
+    if m:
+        return ConfigError(f"{m.group(1)}: unknown key; {text[:200]}")
+    return ConfigError(f"bad overrides {' '.join(overrides)}: {text[:300]}")
+
+
+def compose(overrides: list[str] | None = None, conf_dir: str | Path | None = None,
+            config_name: str = "train") -> DictConfig:
+    """Compose the run config from ``conf/<config_name>.yaml`` + groups + Hydra ``overrides``.
+
+    Typed: unknown group options, unknown keys and bad types raise ConfigError (one line).
+    """
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    overrides = list(overrides or [])
+    conf_dir = Path(conf_dir or CONF_DIR).resolve()
+    if not (conf_dir / f"{config_name}.yaml").is_file():
+        raise ConfigError(f"config: {conf_dir / (config_name + '.yaml')} does not exist; set QUARTET_CONF to the conf/ folder")
+    # Fail early and clearly on a group option that has no YAML (Hydra's own message is multi-line).
+    for ov in overrides:
+        m = re.fullmatch(r"\+?(\w+)=([\w.\-]+)", ov)
+        if m and m.group(1) in _GROUPS + ("cluster",) and (conf_dir / m.group(1)).is_dir():
+            group, option = m.groups()
+            opts = group_options(group, conf_dir)
+            if option not in opts:
+                raise ConfigError(f"{group}={option}: unknown {group}; allowed: {', '.join(opts)}")
+    register_configs()
+    if GlobalHydra.instance().is_initialized():
+        GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+            cfg = hydra_compose(config_name=config_name, overrides=overrides)
+    except ConfigError:
+        raise
+    except Exception as exc:  # hydra.errors.*, omegaconf.errors.*: rephrase to one line
+        raise _rephrase(exc, overrides, conf_dir) from exc
+    return cfg
+
+
+def load_config_file(path: str | Path, overrides: list[str] | None = None) -> DictConfig:
+    """Load a run's saved ``config.yaml`` (replay), validated against the schema; dotlist overrides allowed."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "config.yaml"
+    if not path.is_file():
+        raise ConfigError(f"--config-file: {path} does not exist; expected a run directory's config.yaml")
+    try:
+        loaded = OmegaConf.load(path)
+        schema = OmegaConf.structured(TrainConfig)
+        cfg = OmegaConf.merge(schema, loaded)
+        if overrides:
+            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([o.lstrip("+") for o in overrides]))
+    except OmegaConfBaseException as exc:
+        raise _rephrase(exc, list(overrides or []), CONF_DIR) from exc
+    return cfg
+
+
+# --------------------------------------------------------------------------------------------
+# Resolve
+# --------------------------------------------------------------------------------------------
+
+
+def count_non_embedding_params(n_layer: int, d_model: int, multiple_of: int = 256) -> int:
+    """Exact non-embedding N: per layer 4d² (qkv + out) + 3·d·hidden (SwiGLU) + 2d (norms), + final norm d."""
+    h = ffn_hidden(d_model, multiple_of)
+    return n_layer * (4 * d_model * d_model + 3 * d_model * h + 2 * d_model) + d_model
+
+
+def _dtype_for(vocab: int, requested: str) -> str:
+    allowed = ("auto", "uint16", "uint32")
+    if requested not in allowed:
+        raise ConfigError(f"data.token_dtype={requested!r}: allowed: {', '.join(allowed)}")
+    limits = {"uint16": 2**16, "uint32": 2**32}
+    if requested == "auto":
+        return "uint16" if vocab <= limits["uint16"] else "uint32"
+    if vocab > limits[requested]:
+        raise ConfigError(f"data.vocab_size={vocab} does not fit data.token_dtype={requested} "
+                          f"(max {limits[requested]}); allowed: uint32 or auto")
+    return requested
+
+
+@dataclass
+class ResolvedRun:
+    """The composed config plus every derived number; ``cfg.derived`` holds the same values."""
+
+    cfg: DictConfig
+    n_params: int
+    n_params_total: int
+    nominal_params: float
+    vocab_size: int
+    ffn_hidden: int
+    lr: float
+    batch_size: int
+    micro_batch_size: int
+    seq_len: int
+    tokens_per_step: int
+    budget_tokens: int
+    tokens: int
+    steps: int
+    warmup_steps: int
+    token_dtype: str
+
+    def derived(self) -> dict:
+        """The derived values as a plain dict (what ``cfg.derived`` holds)."""
+        d = asdict(self)
+        d.pop("cfg")
+        return d
+
+    def accum_steps(self, world_size: int = 1) -> int:
+        """Micro-batches per rank per optimizer step."""
+        return self.batch_size // (self.micro_batch_size * world_size)
+
+
+def _require(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ConfigError(msg)
+
+
+def resolve(cfg: DictConfig, world_size: int = 1) -> ResolvedRun:
+    """Derive N, D, steps, warm-up, LR, micro-batches and the token dtype; validate; fill ``cfg.derived``.
+
+    ``world_size`` is the number of data-parallel ranks (batch must split evenly over them).
+    Raises ConfigError with a one-line message naming the key and what is allowed.
+    """
+    m, b, d, o, r = cfg.model, cfg.budget, cfg.data, cfg.optim, cfg.run
+    for key, value in (("model.n_layer", m.n_layer), ("model.d_model", m.d_model), ("model.n_head", m.n_head),
+                       ("model.seq_len", m.seq_len), ("model.ffn_multiple_of", m.ffn_multiple_of),
+                       ("data.vocab_size", d.vocab_size)):
+        _require(int(value) > 0, f"{key}={value}: must be a positive integer")
+    _require(m.d_model % m.n_head == 0, f"model.n_head={m.n_head}: must divide model.d_model={m.d_model}")
+    _require((m.d_model // m.n_head) % 2 == 0, f"model.n_head={m.n_head}: head dim d_model/n_head must be even (RoPE)")
+    _require(float(m.nominal_params) > 0, f"model.nominal_params={m.nominal_params}: must be > 0")
+
+    n_params = count_non_embedding_params(m.n_layer, m.d_model, m.ffn_multiple_of)
+    vocab = int(d.vocab_size)
+    n_total = n_params + 2 * vocab * m.d_model  # + untied embedding and lm_head
+    token_dtype = _dtype_for(vocab, d.token_dtype)
+
+    lr = float(o.lr if o.lr is not None else m.lr)
+    _require(lr > 0, f"optim.lr={lr}: must be > 0 (null = model.lr)")
+    batch = int(o.batch_size if o.batch_size is not None else m.batch_size)
+    _require(batch > 0, f"optim.batch_size={batch}: must be a positive integer")
+    micro = int(o.micro_batch_size if o.micro_batch_size is not None else batch // max(world_size, 1))
+    _require(micro > 0, f"optim.micro_batch_size={micro}: must be a positive integer")
+    _require(batch % micro == 0,
+             f"optim.batch_size={batch} is not divisible by optim.micro_batch_size={micro}; allowed micro-batch sizes: "
+             f"{', '.join(str(k) for k in range(1, batch + 1) if batch % k == 0 and k <= 4096)}")
+    _require(batch % (micro * world_size) == 0,
+             f"optim.batch_size={batch} is not divisible by optim.micro_batch_size={micro} x world size {world_size}")
+    seq = int(m.seq_len)
+    per_step = batch * seq
+
+    has_tpp, has_tok = b.tokens_per_param is not None, b.tokens is not None
+    _require(has_tpp != has_tok, "budget: set exactly one of budget.tokens_per_param and budget.tokens "
+             f"(got tokens_per_param={b.tokens_per_param}, tokens={b.tokens})")
+    if has_tpp:
+        _require(float(b.tokens_per_param) > 0, f"budget.tokens_per_param={b.tokens_per_param}: must be > 0 (e.g. 25 ... 1600)")
+        budget_tokens = int(round(float(b.tokens_per_param) * float(m.nominal_params)))
+    else:
+        _require(int(b.tokens) > 0, f"budget.tokens={b.tokens}: must be > 0")
+        budget_tokens = int(b.tokens)
+    steps = budget_tokens // per_step
+    _require(steps >= 1, f"budget: {budget_tokens} tokens is less than one step of optim.batch_size x model.seq_len "
+             f"= {per_step} tokens; raise the budget or lower the batch")
+    _require(0 <= float(o.warmup_fraction) < 1, f"optim.warmup_fraction={o.warmup_fraction}: allowed 0 <= f < 1")
+    # The paper's code: WARMUP = ITERATIONS / 10 with integer division.
+    warmup = steps // 10 if float(o.warmup_fraction) == 0.1 else int(steps * float(o.warmup_fraction))
+    for key, value, allowed in (("run.device", r.device, ("auto", "cpu", "cuda")),
+                                ("logging.wandb.mode", cfg.logging.wandb.mode, ("offline", "online", "disabled")),
+                                ("data.source", d.source, ("shakespeare", "files", "hf")),
+                                ("data.tokenizer", d.tokenizer, ("bpe", "hf")),
+                                ("data.verify", d.verify, ("full", "size"))):
+        _require(value in allowed, f"{key}={value!r}: allowed: {', '.join(allowed)}")
+    _require(0 < float(d.val_fraction) < 1, f"data.val_fraction={d.val_fraction}: allowed 0 < f < 1")
+    _require(d.source != "files" or len(d.paths) > 0, "data.paths: source=files needs at least one file or folder")
+    _require(d.tokenizer != "hf" or bool(d.tokenizer_name), "data.tokenizer_name: tokenizer=hf needs a name "
+             "(e.g. meta-llama/Llama-2-7b-hf)")
+
+    res = ResolvedRun(cfg=cfg, n_params=n_params, n_params_total=n_total, nominal_params=float(m.nominal_params),
+                      vocab_size=vocab, ffn_hidden=ffn_hidden(m.d_model, m.ffn_multiple_of), lr=lr, batch_size=batch,
+                      micro_batch_size=micro, seq_len=seq, tokens_per_step=per_step, budget_tokens=budget_tokens,
+                      tokens=steps * per_step, steps=steps, warmup_steps=warmup, token_dtype=token_dtype)
+    derived = res.derived()
+    # micro_batch_size depends on the world size and is no part of the run's meaning: not checked on replay.
+    for key, value in derived.items():
+        given = cfg.derived.get(key) if "derived" in cfg else None
+        if given is not None and key != "micro_batch_size" and given != value and not (
+                isinstance(value, float) and math.isclose(float(given), value, rel_tol=1e-12)):
+            raise ConfigError(f"derived.{key}={given}: derived values are computed, never set (expected {value}); "
+                              f"change model/budget/optim instead")
+    OmegaConf.set_readonly(cfg, False)
+    cfg.derived = OmegaConf.merge(OmegaConf.structured(DerivedConfig), derived)
+    return res
+
+
+def to_yaml(cfg: DictConfig) -> str:
+    """The config as YAML (resolved interpolations)."""
+    return OmegaConf.to_yaml(cfg, resolve=True)
+
+
+def to_container(cfg: DictConfig) -> dict:
+    """The config as plain python (resolved interpolations)."""
+    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]

@@ -1,0 +1,88 @@
+"""Data-parallel setup from the environment that torchrun / submitit / Slurm provide.
+
+``WORLD_SIZE > 1`` (with RANK, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) starts torch.distributed with
+NCCL on CUDA and Gloo on CPU. Every rank computes the same global batch of windows and takes its
+contiguous slice, so the global batch and the data order equal single-process training; gradients
+are averaged by DDP. Only rank 0 writes files and logs.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class DistInfo:
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    initialized_here: bool = False
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+
+def world_size_from_env() -> int:
+    """WORLD_SIZE from the environment (1 when unset)."""
+    return int(os.environ.get("WORLD_SIZE", "1") or 1)
+
+
+def setup(device_type: str) -> DistInfo:
+    """Initialise the process group when WORLD_SIZE > 1 (nccl on cuda, gloo on cpu); no-op otherwise."""
+    world = world_size_from_env()
+    if world <= 1:
+        return DistInfo()
+    rank = int(os.environ.get("RANK", "0"))
+    local = int(os.environ.get("LOCAL_RANK", str(rank)))
+    here = False
+    if not dist.is_initialized():
+        if device_type == "cuda":
+            torch.cuda.set_device(local)
+        dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo", rank=rank, world_size=world)
+        here = True
+    return DistInfo(rank=rank, local_rank=local, world_size=world, initialized_here=here)
+
+
+def all_reduce_mean(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
+    """Mean of a tensor over ranks (identity when not distributed)."""
+    if info.enabled:
+        t = t.clone()
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        t /= info.world_size
+    return t
+
+
+def all_reduce_sum(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
+    """Sum of a tensor over ranks (identity when not distributed)."""
+    if info.enabled:
+        t = t.clone()
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+def any_rank(flag: bool, info: DistInfo, device) -> bool:
+    """True when ``flag`` is set on any rank (used to stop all ranks at the same step)."""
+    if not info.enabled:
+        return flag
+    t = torch.tensor([1.0 if flag else 0.0], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item() > 0)
+
+
+def barrier(info: DistInfo) -> None:
+    if info.enabled:
+        dist.barrier()
+
+
+def teardown(info: DistInfo) -> None:
+    """Destroy the process group if this module created it."""
+    if info.initialized_here and dist.is_initialized():
+        dist.destroy_process_group()

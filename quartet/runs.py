@@ -1,0 +1,74 @@
+"""Run identity: a readable, stable id per semantic config, and the run directory it names.
+
+``run_id(cfg)`` = ``<model>-<budget>-<precision>-s<seed>-<hash8>``. The hash covers only what
+changes the numbers a run produces: model, budget, precision scheme, data identity, optimizer recipe
+(with the *effective* LR and batch after resolve) and the seeds. It ignores run.name, out_dir,
+logging, cluster, device, compile, micro-batching and the precision backend / stats schedule, so
+relaunching the same experiment anywhere finds the same directory.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from quartet.paths import runs_root
+
+#: keys of cfg.data that change the token stream (everything else is a location / check policy)
+_DATA_IDENTITY = ("source", "paths", "hf_path", "hf_name", "hf_split", "hf_text_field", "tokenizer",
+                  "tokenizer_name", "vocab_size", "val_fraction", "max_documents", "max_chars", "split_seed")
+#: precision keys that select an implementation or a logging schedule, not the maths
+_PRECISION_NON_SEMANTIC = ("backend", "stats_every")
+
+
+def semantic_config(cfg: DictConfig) -> dict:
+    """The part of the config that defines the experiment (the input of the run hash)."""
+    from quartet.config import resolve
+
+    res = resolve(cfg.copy())
+    c = OmegaConf.to_container(cfg, resolve=True)
+    model = {k: v for k, v in c["model"].items() if k not in ("lr", "batch_size")}
+    precision = {k: v for k, v in c["precision"].items() if k not in _PRECISION_NON_SEMANTIC}
+    optim = {k: v for k, v in c["optim"].items() if k not in ("name", "lr", "batch_size", "micro_batch_size")}
+    optim.update(lr=res.lr, batch_size=res.batch_size)
+    data = {k: c["data"].get(k) for k in _DATA_IDENTITY}
+    return {"model": model, "budget_tokens": res.budget_tokens, "steps": res.steps, "precision": precision,
+            "data": data, "optim": optim, "seed": c["run"]["seed"], "data_seed": c["run"]["data_seed"]}
+
+
+def config_hash(cfg: DictConfig) -> str:
+    """sha256 (hex) of the semantic config, canonical JSON."""
+    blob = json.dumps(semantic_config(cfg), sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _human(n: float) -> str:
+    for unit, div in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= div:
+            return f"{n / div:.4g}{unit}"
+    return f"{n:g}"
+
+
+def budget_label(cfg: DictConfig) -> str:
+    """``dn25`` for a tokens-per-parameter budget, ``t10M`` for an absolute one."""
+    b = cfg.budget
+    if b.tokens_per_param is not None:
+        return f"dn{float(b.tokens_per_param):g}"
+    return f"t{_human(float(b.tokens))}"
+
+
+def run_id(cfg: DictConfig) -> str:
+    """``<model>-<budget>-<precision>-s<seed>-<hash8>``: same semantic config, same id."""
+    return f"{cfg.model.name}-{budget_label(cfg)}-{cfg.precision.name}-s{cfg.run.seed}-{config_hash(cfg)[:8]}"
+
+
+def runs_base(cfg: DictConfig) -> Path:
+    """The runs root of this config (``run.out_dir`` or ``quartet.paths.runs_root()``)."""
+    return Path(cfg.run.out_dir) if cfg.run.out_dir else runs_root()
+
+
+def run_dir(cfg: DictConfig) -> Path:
+    """``<run.out_dir>/<run.name>/<run_id>/``."""
+    return runs_base(cfg) / str(cfg.run.name) / run_id(cfg)
