@@ -36,7 +36,7 @@ def _log(msg: str) -> None:
 
 
 # --------------------------------------------------------------------------------------------- quant
-def bench_quant(rows: int = 16384, cols: int = 4096) -> dict:
+def bench_quant(rows: int = 16384, cols: int = 4096, sweep: bool = False) -> dict:
     """Each recipe's time and bytes moved over the device copy bandwidth (same tensor, same run)."""
     from quartet.kernels.triton_quant import mx_quantize
 
@@ -58,7 +58,21 @@ def bench_quant(rows: int = 16384, cols: int = 4096) -> dict:
         "bwd_sr_absmax_deq_bf16_transposed": (dict(rule="absmax", stochastic=True, signs=signs, axis=0), 2 * n + 2 * n),
         "fwd_quest_mx_codes": (dict(rule="quest", mask=True, deq=False, mx=True), 2 * n + n // 2 + n // 32 + n),
     }
-    out = {"shape": [rows, cols], "copy_ms": t_copy, "copy_GBps": copy_bw, "recipes": {}}
+    out = {"shape": [rows, cols], "copy_ms": t_copy, "copy_GBps": copy_bw, "recipes": {}, "tiles": {}}
+    if sweep:
+        import quartet.kernels.triton_quant as TQ
+
+        default = TQ.GPU_BLOCK
+        for tile in [(32, 128, 4), (64, 128, 8), (16, 256, 4), (64, 64, 4), (128, 64, 8), (32, 256, 8)]:
+            TQ.GPU_BLOCK = tile
+            row = {}
+            for name in ("fwd_quest_mask_deq_bf16", "bwd_sr_absmax_deq_bf16", "bwd_sr_absmax_fp8_e5m2_transposed"):
+                kw, nbytes = recipes[name]
+                t = _bench(lambda kw=kw: mx_quantize(x, seed=1, **kw))
+                row[name] = nbytes / t / 1e6 / copy_bw
+            out["tiles"][str(tile)] = row
+            _log(f"  tile {tile}: " + "  ".join(f"{k} {v:.1%}" for k, v in row.items()))
+        TQ.GPU_BLOCK = default
     for name, (kw, nbytes) in recipes.items():
         seed = [0]
 
@@ -214,6 +228,7 @@ def cli_main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=None, help="JSON file (default benchmarks/results/<gpu>-<section>.json)")
     p.add_argument("--models", default="100m,800m", help="comma list of step models (100m, 800m)")
     p.add_argument("--batch", type=int, default=32, help="sequences per step for the step benchmark")
+    p.add_argument("--sweep", action="store_true", help="also time the quantizers over several tile shapes")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("quartet bench: needs a CUDA GPU (none found)", file=sys.stderr)
@@ -221,7 +236,7 @@ def cli_main(argv: list[str] | None = None) -> int:
     result = {"env": _env()}
     if args.section in ("quant", "all"):
         _log("quantizers:")
-        result["quant"] = bench_quant()
+        result["quant"] = bench_quant(sweep=args.sweep)
     if args.section in ("linear", "all"):
         _log("linear layer:")
         result["linear"] = bench_linear()

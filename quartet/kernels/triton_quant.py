@@ -26,6 +26,7 @@ The maths (the same as the pure-PyTorch oracle in :mod:`quartet.quant`):
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 
@@ -134,11 +135,17 @@ if HAS_TRITON:
                 yq = y * _exp2i(-e)[:, None]  # exact: power-of-two scale
             a = tl.abs(yq)
             if STOCHASTIC:
-                offs = offs_r[:, None] * K + offs_k[None, :]
-                rnd = tl.reshape(tl.rand(seed, offs), (G, 32))
-                step = tl.where(a < 2.0, 0.5, tl.where(a < 4.0, 1.0, 2.0))
-                lo = tl.floor(a / step) * step
-                up = rnd < (a - lo) / step
+                # one Philox call yields four 32-bit numbers: draw per (group, 8 lanes) and spread them
+                # over the 32 elements of the group (a fixed bijection), a quarter of tl.rand's work
+                gid = offs_r[:, None] * (K // 32) + (pid_k * (BLOCK_K // 32) + tl.arange(0, BLOCK_K // 32))[None, :]
+                offs4 = tl.reshape(gid, (G,))[:, None] * 8 + tl.arange(0, 8)[None, :]
+                r0, r1, r2, r3 = tl.randint4x(seed, offs4)
+                rr = tl.reshape(tl.join(tl.join(r0, r1), tl.join(r2, r3)), (G, 32))
+                rnd = (rr >> 8).to(tl.float32) * 5.960464477539063e-08  # top 24 bits -> [0, 1)
+                inv = tl.where(a < 2.0, 2.0, tl.where(a < 4.0, 1.0, 0.5))  # 1/step (powers of two: exact)
+                step = 1.0 / inv
+                lo = tl.floor(a * inv) * step
+                up = rnd < (a - lo) * inv
                 q = tl.minimum(tl.where(up, lo + step, lo), 6.0)
             else:
                 q = tl.where(a > 5.0, 6.0, tl.where(a > 3.5, 4.0, tl.where(a > 2.5, 3.0, tl.where(
@@ -252,12 +259,22 @@ def _logical(x: torch.Tensor, axis: int):
     raise ValueError(f"axis must be 0, 1 or -1, got {axis}")
 
 
+#: GPU tile (rows, cols, warps); ``QUARTET_QBLOCK=r,k,w`` overrides it (used by the benchmark sweep)
+GPU_BLOCK = (32, 128, 4)
+
+
 def _blocks(R: int, K: int, device: torch.device) -> tuple[int, int, int]:
     """Tile shape and warps: big tiles on the GPU, small ones for the CPU interpreter."""
     if device.type != "cuda":
         return 16, 64, 4
-    block_k = 128 if K % 128 == 0 else (64 if K % 64 == 0 else 32)
-    return 32, block_k, 4
+    env = os.environ.get("QUARTET_QBLOCK")
+    if env:
+        br, bk, w = (int(v) for v in env.split(","))
+        return br, bk, w
+    br, bk, w = GPU_BLOCK
+    while K % bk:
+        bk //= 2
+    return br, bk, w
 
 
 def mx_quantize(
@@ -275,6 +292,7 @@ def mx_quantize(
     fp8: str | None = None,
     out_dtype: torch.dtype = torch.bfloat16,
     block: tuple[int, int, int] | None = None,
+    row_exp: str = "bound",
 ) -> QuantizedOperand:
     """Quantize a 2-D operand to MXFP4 in one fused pass (plus a row-exponent pass when ``fp8`` is set).
 
@@ -284,6 +302,9 @@ def mx_quantize(
     ``stochastic`` rounds with Philox numbers keyed by ``seed`` and the element index (a new seed per
     call gives a new stream). ``signs`` (32 values ±1) randomize the Hadamard (applied before H).
     ``fp8`` (``"e4m3"``/``"e5m2"``) also returns the operand folded into FP8 with one scale per row.
+    ``row_exp`` picks the row's fold exponent: ``"exact"`` (a first kernel pass finds the largest group
+    exponent) or ``"bound"`` (one bandwidth-bound ``max|x|`` reduction gives an upper bound, at most
+    ~2.5 binades high: the values stay exact, the FP8 range left for small groups shrinks by that much).
     """
     if not HAS_TRITON:
         raise RuntimeError("triton is not installed; the fused quantizers need it")
@@ -321,11 +342,16 @@ def mx_quantize(
         codes_t, e8_t = out.codes, out.e8m0
     if fp8 is not None:
         dtype_name, shift, min_exp = FP8_FORMATS[fp8]
-        rowexp = torch.full((R,), -127, device=dev, dtype=torch.int32)
         flush = torch.zeros(1, device=dev, dtype=torch.int32)
-        _mx_quant_kernel[grid](x, R, K, s_r, s_k, sg, h, dummy, dummy, dummy, dummy, dummy, rowexp, dummy, seed,
-                               MODE=MODE_ROWEXP, WRITE_MASK=False, WRITE_DEQ=False,
-                               FP8_SHIFT=shift, FP8_MIN_EXP=min_exp, **common)
+        if row_exp == "exact":
+            rowexp = torch.full((R,), -127, device=dev, dtype=torch.int32)
+            _mx_quant_kernel[grid](x, R, K, s_r, s_k, sg, h, dummy, dummy, dummy, dummy, dummy, rowexp, dummy, seed,
+                                   MODE=MODE_ROWEXP, WRITE_MASK=False, WRITE_DEQ=False,
+                                   FP8_SHIFT=shift, FP8_MIN_EXP=min_exp, **common)
+        elif row_exp == "bound":
+            rowexp = _row_exp_bound(x, axis, rule, hadamard)
+        else:
+            raise ValueError(f"row_exp must be 'exact' or 'bound', got {row_exp!r}")
         out.fp8 = torch.empty(R, K, device=dev, dtype=getattr(torch, dtype_name))
         fp8_t = out.fp8
         out.rowexp = rowexp
@@ -346,6 +372,23 @@ def mx_quantize(
         # row scale 2^(e_row - shift) [x4/3]; exact powers of two in float32
         out.row_scale = (torch.exp2((out.rowexp - out.fp8_shift).to(torch.float32)) * out.factor).unsqueeze(1)
     return out
+
+
+def _row_exp_bound(x: torch.Tensor, axis: int, rule: str, hadamard: bool) -> torch.Tensor:
+    """An upper bound of each logical row's largest group exponent from max|x| of the row (one pass).
+
+    Hadamard rotation can raise a group's max|y| to at most sqrt(32)·max|x| (Cauchy-Schwarz), and the
+    QuEST σ of a group is at most its max|y| <= that bound.
+    """
+    dim = 1 if axis in (-1, 1) else 0
+    amax = torch.linalg.vector_norm(x, ord=float("inf"), dim=dim, dtype=torch.float32)
+    if hadamard:
+        amax = amax * 5.6569  # >= sqrt(32) after float rounding
+    v = 0.48707976 * amax + 1e-8 if rule == "quest" else amax
+    e = torch.frexp(v).exponent - 1  # floor(log2 v) for v > 0
+    if rule != "quest":
+        e = e - 2
+    return torch.where(v > 0, e, torch.full_like(e, -2)).to(torch.int32).contiguous()
 
 
 def masked_inverse_hadamard(g: torch.Tensor, mask: torch.Tensor | None, scale: float = 1.0,
