@@ -1,37 +1,153 @@
 """Number formats, transforms, quantizers and precision schemes (pure PyTorch, CPU-exact).
 
-MINIMAL PLACEHOLDER of the model seam (see docs/ARCHITECTURE.md): only ``bf16`` works until the
-precision-schemes work replaces these functions with the real registry.
+The model seam (docs/ARCHITECTURE.md, "Model <-> quantization seam"):
+
+* :func:`apply_precision` converts exactly the model's ``quartet.model.BlockLinear`` modules to
+  :class:`~quartet.quant.linear.QuantLinear` (sharing the weight Parameter) and returns a
+  :class:`QuantPlan` — the module → quantizer map, with the backend that runs each GEMM.
+* :func:`set_step` tells the quantized layers the optimizer step (random signs / SR seeds, stats).
+* :func:`collect_stats` returns the per-layer quantization statistics gathered since the last call.
+
+Importing this package needs only torch.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
 from torch import nn
 
 from quartet.errors import ConfigError
+from quartet.quant.backend import BACKEND_NAMES, get_backend
+from quartet.quant.linear import QuantLinear
+from quartet.quant.schemes import SCHEMES, Scheme, build_scheme, scheme_names
+
+__all__ = ["QuantPlan", "apply_precision", "set_step", "collect_stats", "build_scheme", "scheme_names",
+           "SCHEMES", "QuantLinear"]
 
 
 @dataclass
 class QuantPlan:
+    """Which modules a scheme converted and how (written to ``quant_map.json``, printed at start)."""
+
     scheme: str
+    forward: str = "bf16"
+    backward: str = "bf16"
+    description: str = ""
+    backend: str = "none"
+    backend_detail: str = ""
+    #: converted module name -> {layer_index, shape, operands (per GEMM), backend}
     modules: dict[str, dict] = field(default_factory=dict)
+    #: modules with weights that stay high precision (embeddings, lm_head, unconverted linears)
+    high_precision: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        return {"scheme": self.scheme, "modules": self.modules}
+        return {
+            "scheme": self.scheme,
+            "forward": self.forward,
+            "backward": self.backward,
+            "description": self.description,
+            "backend": self.backend,
+            "backend_detail": self.backend_detail,
+            "modules": self.modules,
+            "high_precision": self.high_precision,
+        }
+
+    def summary(self) -> str:
+        """A few human lines for the run log."""
+        lines = [f"precision {self.scheme} (forward {self.forward}, backward {self.backward}): {self.description}"]
+        if self.modules:
+            first = next(iter(self.modules.values()))
+            lines.append(f"  {len(self.modules)} block linears quantized, GEMMs run by {self.backend_detail}")
+            for gemm, ops in first["operands"].items():
+                lines.append(f"    {gemm}: " + ", ".join(f"{k}={v}" for k, v in ops.items()))
+        else:
+            lines.append("  no module converted")
+        lines.append(f"  high precision: {', '.join(self.high_precision) or '(none)'}")
+        return "\n".join(lines)
 
 
-def apply_precision(model: nn.Module, precision_cfg) -> QuantPlan:
-    """Convert the model's block linears to the scheme's quantized linear (in place)."""
-    if precision_cfg.name != "bf16":
-        raise ConfigError(f"precision.name={precision_cfg.name!r} is not available yet; allowed: bf16")
-    return QuantPlan(scheme="bf16", modules={})
+def _block_linear_type():
+    # Imported lazily: quartet.model is the foundation's module; quant must import without it.
+    from quartet.model import BlockLinear
+
+    return BlockLinear
+
+
+def _device_of(model: nn.Module) -> torch.device:
+    for p in model.parameters():
+        return p.device
+    return torch.device("cpu")
+
+
+def apply_precision(model: nn.Module, precision_cfg, *, seed: int = 0, device: torch.device | str | None = None,
+                    targets: tuple[type, ...] | None = None) -> QuantPlan:
+    """Convert the model's block linears in place to the scheme's quantized linear.
+
+    ``precision_cfg`` is a ``PrecisionConfig`` (or any object with its attributes). ``seed`` (the run
+    seed) enters every random Hadamard sign and stochastic-rounding seed. ``targets`` overrides the
+    module types to convert (default: ``quartet.model.BlockLinear``). ``bf16`` converts nothing.
+    Raises :class:`ConfigError` at once if the scheme or backend cannot run on ``device``.
+    """
+    scheme: Scheme = build_scheme(precision_cfg)
+    backend_name = str(getattr(precision_cfg, "backend", "auto"))
+    if backend_name not in BACKEND_NAMES:
+        raise ConfigError(f"precision.backend={backend_name!r}: allowed: {', '.join(BACKEND_NAMES)}")
+    stats_every = int(getattr(precision_cfg, "stats_every", 0))
+    if stats_every < 0:
+        raise ConfigError(f"precision.stats_every={stats_every}: must be >= 0")
+    targets = targets or (_block_linear_type(),)
+    device = torch.device(device) if device is not None else _device_of(model)
+    if any(isinstance(m, QuantLinear) for m in model.modules()):
+        raise ConfigError("apply_precision: the model is already converted (call it once per model)")
+
+    plan = QuantPlan(scheme=scheme.name, forward=scheme.forward_label, backward=scheme.backward_label,
+                     description=scheme.description)
+    found = [(n, m) for n, m in model.named_modules() if isinstance(m, targets)]
+    weighted = [n for n, m in model.named_modules()
+                if isinstance(m, (nn.Linear, nn.Embedding)) and not isinstance(m, targets)]
+    if not scheme.convert:
+        plan.backend, plan.backend_detail = "none", "PyTorch (unconverted model)"
+        plan.high_precision = [n for n, _ in found] + weighted
+        return plan
+
+    backend = get_backend(backend_name, device, scheme.specs())
+    plan.backend, plan.backend_detail = backend.name, backend.describe(device)
+    operands = scheme.operand_map()
+    for index, (name, mod) in enumerate(found):
+        if getattr(mod, "bias", None) is not None:
+            raise ConfigError(f"apply_precision: {name} has a bias; block linears must be bias-free")
+        q = QuantLinear(mod.weight, scheme, backend, name=name, layer_index=index, seed=seed,
+                        stats_every=stats_every, residual=bool(getattr(mod, "residual", False)))
+        parent_name, _, attr = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, attr, q)
+        plan.modules[name] = {"layer_index": index, "shape": [q.out_features, q.in_features],
+                              "operands": operands, "backend": backend.name}
+    plan.high_precision = weighted
+    return plan
+
+
+def _quant_layers(model: nn.Module):
+    return [m for m in model.modules() if isinstance(m, QuantLinear)]
 
 
 def set_step(model: nn.Module, step: int) -> None:
-    """Tell quantized layers the current optimizer step (per-step random signs / SR seeds)."""
+    """Tell quantized layers the current optimizer step (per-step random signs / SR seeds, stats)."""
+    for m in _quant_layers(model):
+        m.set_step(step)
 
 
 def collect_stats(model: nn.Module) -> dict[str, float]:
-    """Per-layer quantization statistics gathered since the last call."""
-    return {}
+    """Per-layer statistics gathered since the last call: ``q/<module>/<operand>/<stat>`` → value.
+
+    Stats are only computed on steps where ``step % precision.stats_every == 0``; otherwise the
+    result is empty. Operands: x, w (forward), dx_e, dx_w (input-grad GEMM), dw_e, dw_x (weight-grad
+    GEMM); stats: clip_frac, underflow_frac, scale_exp_min, scale_exp_max, rel_err.
+    """
+    out: dict[str, float] = {}
+    for m in _quant_layers(model):
+        for operand, stats in m.pop_stats().items():
+            for key, val in stats.items():
+                out[f"q/{m.qname}/{operand}/{key}"] = float(val)
+    return out

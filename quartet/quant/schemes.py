@@ -1,0 +1,202 @@
+"""Precision schemes: which quantizer each of the six GEMM operands of a linear layer gets.
+
+A linear layer Y = X·Wᵀ (X: tokens × K, W: N × K) runs three GEMMs, each written here as
+``a @ b.T`` with the reduction axis last in both operands:
+
+=========  ===========  ================  =====================================
+GEMM       a (M × K')   b (N' × K')       reduction axis (group / Hadamard axis)
+=========  ===========  ================  =====================================
+forward    X            W                 K  = in_features
+dX = E·W   E            Wᵀ (from Ŵ or W)  N  = out_features
+dW = Eᵀ·X  Eᵀ           Xᵀ (from X̂ or X)  M  = tokens
+=========  ===========  ================  =====================================
+
+A :class:`GemmSpec` gives the quantizer of ``a`` and ``b`` (``None`` = high precision) and the
+rotation applied to both along the reduction axis: ``none``, ``hadamard`` (fixed block Hadamard)
+or ``random_hadamard`` (fresh random signs per layer, step and micro-batch, signs before H). Because
+both operands get the same orthogonal rotation, the product is unchanged up to quantization error.
+
+The forward rotation defines the basis the layer "lives in": the backward GEMMs produce gradients
+with respect to X̂ and Ŵ in that basis, multiply them by the forward quantizers' gradient factor
+(QuEST clip mask, MS-FP4 DGE derivative, 1 otherwise) and rotate back with Hᵀ.
+
+``bwd_source`` says what the backward GEMMs requantize: ``quantized`` = the forward-quantized X̂, Ŵ
+(Quartet's Algorithm 1; the tensors saved for backward are then the quantized ones), ``input`` = the
+(rotated) high-precision X, W.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from quartet.errors import ConfigError
+from quartet.quant.quantizers import QuantizerSpec
+
+__all__ = ["GemmSpec", "Scheme", "SCHEMES", "build_scheme", "scheme_names"]
+
+TRANSFORMS = ("none", "hadamard", "random_hadamard")
+
+
+@dataclass(frozen=True)
+class GemmSpec:
+    """Quantizers of the two operands of one GEMM and the rotation along its reduction axis."""
+
+    a: QuantizerSpec | None = None
+    b: QuantizerSpec | None = None
+    transform: str = "none"
+    block: int = 32
+
+    def __post_init__(self):
+        if self.transform not in TRANSFORMS:
+            raise ValueError(f"transform must be one of {TRANSFORMS}, got {self.transform!r}")
+
+    @property
+    def quantized(self) -> bool:
+        return self.a is not None or self.b is not None
+
+    def multiple(self) -> int:
+        """The reduction length must be a multiple of this (Hadamard block, quantizer groups)."""
+        m = self.block if self.transform != "none" else 1
+        for spec in (self.a, self.b):
+            if spec is not None and spec.kind in ("quest", "absmax", "ocp", "nvfp4"):
+                m = math.lcm(m, spec.group)
+        return m
+
+    def describe(self) -> dict:
+        rot = "" if self.transform == "none" else f"{self.transform}{self.block}"
+        return {
+            "a": self.a.label() if self.a else "high precision",
+            "b": self.b.label() if self.b else "high precision",
+            "transform": rot or "none",
+        }
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """A named precision scheme (see the module docstring)."""
+
+    name: str
+    forward_label: str
+    backward_label: str
+    description: str
+    fwd: GemmSpec = field(default_factory=GemmSpec)
+    dx: GemmSpec = field(default_factory=GemmSpec)
+    dw: GemmSpec = field(default_factory=GemmSpec)
+    bwd_source: str = "quantized"
+    #: False only for bf16: the model is left untouched.
+    convert: bool = True
+
+    def specs(self) -> list[QuantizerSpec]:
+        """Every quantizer the scheme uses (for backend capability checks)."""
+        return [s for g in (self.fwd, self.dx, self.dw) for s in (g.a, g.b) if s is not None]
+
+    def operand_map(self) -> dict:
+        """Operand -> quantizer label / "high precision", as written to quant_map.json."""
+        hp = "high precision"
+        f, dx, dw = self.fwd.describe(), self.dx.describe(), self.dw.describe()
+        return {
+            "forward": {"X": f["a"], "W": f["b"], "transform": f["transform"]},
+            "grad_input": {"E": dx["a"], "W^T": dx["b"] if self.dx.b else f"{hp} ({self.bwd_source} W)",
+                           "transform": dx["transform"]},
+            "grad_weight": {"E^T": dw["a"], "X^T": dw["b"] if self.dw.b else f"{hp} ({self.bwd_source} X)",
+                            "transform": dw["transform"]},
+        }
+
+
+def _mx(kind: str, stochastic: bool = False) -> QuantizerSpec:
+    return QuantizerSpec(kind=kind, stochastic=stochastic, group=32)
+
+
+def _quartet(name: str, fwd_q: bool, bwd: str | None, block: int, fwd_kind: str = "quest",
+             fwd_stochastic: bool = False) -> Scheme:
+    """Quartet family: forward QuEST (or absmax) with a fixed Hadamard, backward absmax×3/4 with a
+    re-randomised Hadamard; either half may be left high precision."""
+    fwd = GemmSpec(_mx(fwd_kind, fwd_stochastic), _mx(fwd_kind, fwd_stochastic), "hadamard", block) if fwd_q else GemmSpec()
+    if bwd is None:
+        dx = dw = GemmSpec()
+    else:
+        q = _mx("absmax", stochastic=(bwd == "sr"))
+        dx = dw = GemmSpec(q, q, "random_hadamard", block)
+    fl = {"quest": "quest", "absmax": "sr_absmax" if fwd_stochastic else "rtn_absmax"}[fwd_kind] if fwd_q else "bf16"
+    bl = {"sr": "sr_absmax", "rtn": "rtn_absmax", None: "bf16"}[bwd]
+    descs = {
+        "quartet": "Quartet (paper v4): QuEST MXFP4 forward, RTN absmax×3/4 backward with re-randomised Hadamard",
+        "quartet_sr": "Quartet (public code / first draft): QuEST forward, stochastic-rounding absmax backward",
+        "quest_fwd": "forward-only QuEST MXFP4; backward GEMMs high precision (masked STE)",
+        "sr_bwd": "backward-only stochastic-rounding absmax×3/4 MXFP4 with random Hadamard; forward high precision",
+        "rtn_bwd": "backward-only round-to-nearest absmax×3/4 MXFP4 with random Hadamard; forward high precision",
+        "sr_fwd": "forward-only stochastic-rounding absmax×3/4 MXFP4 with Hadamard (Table 2 row)",
+        "rtn_fwd": "forward-only round-to-nearest absmax×3/4 MXFP4 with Hadamard (Table 2 row)",
+    }
+    return Scheme(name, fl, bl, descs[name], fwd, dx, dw, bwd_source="quantized")
+
+
+def build_scheme(cfg) -> Scheme:
+    """Build the scheme named ``cfg.name`` with the knobs of a :class:`PrecisionConfig`-like object."""
+    name = str(cfg.name)
+    block = int(getattr(cfg, "hadamard_block", 32))
+    if block < 2 or block & (block - 1):
+        raise ConfigError(f"precision.hadamard_block={block}: must be a power of two (32, 64, 128, 256)")
+    fp8_scaling = str(getattr(cfg, "fp8_scaling", "tensor"))
+    if fp8_scaling not in ("tensor", "row"):
+        raise ConfigError(f"precision.fp8_scaling={fp8_scaling!r}: allowed: tensor, row")
+    occ = float(getattr(cfg, "occ_quantile", 0.99))
+    if not 0.5 < occ <= 1.0:
+        raise ConfigError(f"precision.occ_quantile={occ}: must be in (0.5, 1]")
+    dge_k = float(getattr(cfg, "dge_k", 5.0))
+    dge_cap = float(getattr(cfg, "dge_cap", 3.0))
+    if name == "bf16":
+        return Scheme("bf16", "bf16", "bf16", "unquantized: nothing converted", convert=False)
+    if name == "quartet":
+        return _quartet(name, True, "rtn", block)
+    if name == "quartet_sr":
+        return _quartet(name, True, "sr", block)
+    if name == "quest_fwd":
+        return _quartet(name, True, None, block)
+    if name == "sr_bwd":
+        return _quartet(name, False, "sr", block)
+    if name == "rtn_bwd":
+        return _quartet(name, False, "rtn", block)
+    if name == "sr_fwd":
+        return _quartet(name, True, None, block, fwd_kind="absmax", fwd_stochastic=True)
+    if name == "rtn_fwd":
+        return _quartet(name, True, None, block, fwd_kind="absmax")
+    if name == "fp8":
+        e4 = QuantizerSpec("fp8", fmt="e4m3", scaling=fp8_scaling)
+        e5 = QuantizerSpec("fp8", fmt="e5m2", scaling=fp8_scaling)
+        return Scheme("fp8", "fp8", "fp8", f"FP8: E4M3 X, W; E5M2 gradients; {fp8_scaling}-wise current scaling",
+                      GemmSpec(e4, e4), GemmSpec(e5, e4), GemmSpec(e5, e4), bwd_source="quantized")
+    if name == "ms_fp4":
+        x_q = QuantizerSpec("ms_fp4", clip_quantile=occ if occ < 1.0 else 0.0)
+        w_q = QuantizerSpec("ms_fp4", dge_k=dge_k, dge_cap=dge_cap)
+        g_q = QuantizerSpec("fp8", fmt="e5m2", scaling="tensor")
+        return Scheme("ms_fp4", "ms_fp4", "ms_fp4",
+                      f"MS-FP4 (Wang et al.): per-token/per-channel absmax E2M1 forward with OCC q={occ:g} and "
+                      f"DGE k={dge_k:g} cap={dge_cap:g}; backward GEMMs E5M2 gradients × FP4-valued W, X",
+                      GemmSpec(x_q, w_q), GemmSpec(g_q, None), GemmSpec(g_q, None), bwd_source="quantized")
+    if name == "luq_int4":
+        i4 = QuantizerSpec("int4", scaling="row")
+        lq = QuantizerSpec("luq", stochastic=True)
+        return Scheme("luq_int4", "luq-int4", "luq-int4",
+                      "LUQ-INT4 baseline: per-row absmax INT4 forward; gradients LUQ log-FP4 (stochastic "
+                      "underflow + log SR) against the INT4 X̂, Ŵ",
+                      GemmSpec(i4, i4), GemmSpec(lq, None), GemmSpec(lq, None), bwd_source="quantized")
+    if name == "nvfp4":
+        rtn = QuantizerSpec("nvfp4", group=16)
+        sr = QuantizerSpec("nvfp4", group=16, stochastic=True)
+        return Scheme("nvfp4", "nvfp4", "nvfp4",
+                      "NVFP4: 16-groups with E4M3 block scale + FP32 tensor scale; RTN X, W; SR gradients; "
+                      "random Hadamard (16) on the weight-gradient GEMM; backward requantizes X, W",
+                      GemmSpec(rtn, rtn), GemmSpec(sr, rtn), GemmSpec(sr, rtn, "random_hadamard", 16),
+                      bwd_source="input")
+    raise ConfigError(f"precision.name={name!r}: unknown scheme; allowed: {', '.join(scheme_names())}")
+
+
+#: Registry of scheme names (each has a YAML in conf/precision/).
+SCHEMES = ("bf16", "fp8", "quartet", "quartet_sr", "quest_fwd", "sr_bwd", "rtn_bwd", "sr_fwd", "rtn_fwd",
+           "ms_fp4", "luq_int4", "nvfp4")
+
+
+def scheme_names() -> list[str]:
+    """Names accepted by ``precision.name``."""
+    return list(SCHEMES)
