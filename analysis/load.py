@@ -127,7 +127,7 @@ def frame_from_table(raw: pd.DataFrame, provenance: dict | None = None, name: st
                "precision": rec.get("precision") if isinstance(rec.get("precision"), str) else _precision_label(fw, bw),
                "model": rec.get("model", f"{float(rec['n_params']) / 1e6:.3g}M"), "source": rec.get("source", name)}
         rows.append(row)
-    prov = provenance or {"kind": "table", "name": name}
+    prov = {**(provenance or {"kind": "table", "name": name}), "run_ids": [r["run_id"] for r in rows]}
     return _finish(rows, dropped, prov)
 
 
@@ -384,7 +384,8 @@ def read_wandb_file(path: str | Path) -> dict:
             for item in rec.config.update:
                 out["config"][item.key] = json.loads(item.value_json)
         elif kind == "history":
-            out["history"].append({i.key: json.loads(i.value_json) for i in rec.history.item})
+            out["history"].append({(i.key or "/".join(i.nested_key)): json.loads(i.value_json)
+                                   for i in rec.history.item})
         elif kind == "summary":
             for item in rec.summary.update:
                 key = item.key or "/".join(item.nested_key)
@@ -392,8 +393,8 @@ def read_wandb_file(path: str | Path) -> dict:
         elif kind == "exit":
             out["finished"] = rec.exit.exit_code == 0
     # wandb stores config values as {"value": v}; unwrap them.
-    out["config"] = {k: (v["value"] if isinstance(v, dict) and "value" in v else v) for k, v in out["config"].items()
-                     if not k.startswith("_")}
+    out["config"] = {k: (v["value"] if isinstance(v, dict) and set(v) <= {"value", "desc"} and "value" in v else v)
+                     for k, v in out["config"].items() if not k.startswith("_")}
     return out
 
 

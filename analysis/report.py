@@ -152,7 +152,8 @@ def scheme_groups(df: pd.DataFrame, base_label: str = BASE_LABEL, selections: di
 def _forecast(name: str, base: pd.DataFrame, held_mask: np.ndarray, law, delta: float) -> Forecast:
     train, test = base[~held_mask], base[held_mask]
     ids = tuple(test["run_id"].astype(str))
-    if test.empty or len(train) < law.n_free or train["n_params"].nunique() < 2 or train["tokens"].nunique() < 2:
+    # A forecast needs an over-determined training fit (at least two points more than parameters).
+    if test.empty or len(train) < law.n_free + 2 or train["n_params"].nunique() < 2 or train["tokens"].nunique() < 2:
         return Forecast(name, ids, len(train), float("nan"), float("nan"), "too_few_points",
                         f"{len(train)} training rows left after holding out {len(test)}")
     try:
@@ -193,7 +194,7 @@ def fit_all(df: pd.DataFrame, law: str = "busbridge", *, bootstrap: int = 0, see
         selections = PAPER_SELECTIONS
     base_df = base_rows(df, base_label)
     if base_df.empty:
-        have = sorted({f"{f}:{b}" for f, b in zip(df["forward"], df["backward"])})
+        have = sorted({f if f == b else f"{f}:{b}" for f, b in zip(df["forward"], df["backward"])})
         raise AnalysisError(f"no baseline rows (forward == backward == {base_label!r}); precisions present: "
                             f"{', '.join(have)}")
     base = fit_base(base_df["n_params"], base_df["tokens"], base_df["loss"], lw, delta=delta,

@@ -1,0 +1,149 @@
+"""Loading: runs directories (the trainer's on-disk contract), tables, wandb (recorded API + offline files)."""
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analysis.errors import AnalysisError
+from analysis.load import COLUMNS, load, load_curve, load_paper, load_runs_dir, load_table, load_wandb, load_wandb_offline
+
+from analysis_testdata import synthetic_rows, write_run
+
+
+def test_runs_dir_tidy_frame_and_drop_reasons(runs_dir):
+    df = load_runs_dir(runs_dir)
+    assert list(df.columns[: len(COLUMNS)]) == list(COLUMNS)
+    assert len(df) == 27 and df["run_id"].is_unique
+    row = df.set_index("run_id").loc["quartet-200000-20"]
+    assert (row["forward"], row["backward"], row["precision"]) == ("quest", "rtn_absmax", "quartet")
+    assert row["n_params"] == 2e5 and row["tokens"] == 4e6 and row["tokens_per_s"] == 1e4
+    reasons = {d["run_id"]: d["reason"] for d in df.attrs["dropped"]}
+    assert reasons["bf16-running"].startswith("unfinished (state running, step 50/100)")
+    assert "failed at step" in reasons["quartet-failed"] and "NonFiniteError" in reasons["quartet-failed"]
+    assert "NaN" in reasons["fp8-nan"]
+    assert reasons["fp8-diverged"].startswith("diverged")
+    assert df.attrs["provenance"]["kind"] == "runs" and len(df.attrs["provenance"]["run_ids"]) == 27
+
+
+def test_runs_dir_logs_drops(runs_dir, caplog):
+    with caplog.at_level("WARNING", logger="analysis.load"):
+        load(runs_dir)
+    assert sum("dropped run" in r.message for r in caplog.records) == 4
+
+
+def test_loss_curve_on_demand(runs_dir):
+    df = load_runs_dir(runs_dir)
+    curve = load_curve(df.iloc[0])
+    assert {"step", "tokens", "loss"} <= set(curve.columns) and len(curve) == 10
+    assert curve["loss"].is_monotonic_decreasing
+
+
+def test_empty_or_missing_runs_dir(tmp_path):
+    with pytest.raises(AnalysisError, match="does not exist"):
+        load_runs_dir(tmp_path / "nope")
+    write_run(tmp_path / "r", "g", "only-running", n=1e5, d=1e6, forward="bf16", backward="bf16",
+              precision="bf16", loss=None, state="running")
+    with pytest.raises(AnalysisError, match="no finished runs.*only-running: unfinished"):
+        load_runs_dir(tmp_path / "r")
+
+
+def test_table_csv_and_parquet(tmp_path):
+    rows = synthetic_rows()
+    df = pd.DataFrame(rows).drop(columns=["run_id", "precision"]).assign(extra="x")
+    df.loc[len(df)] = {"n_params": 1e5, "tokens": 1e6, "forward": "lss", "backward": "lss", "loss": float("nan"),
+                       "extra": "y"}
+    csv, pq = tmp_path / "t.csv", tmp_path / "t.parquet"
+    df.to_csv(csv, index=False)
+    df.to_parquet(pq, index=False)
+    for path in (csv, pq):
+        out = load_table(path)
+        assert len(out) == 27 and "extra" in out.columns
+        assert out.attrs["dropped"] == [{"run_id": "row27", "reason": "loss is nan (NaN/diverged)"}]
+        assert len(out.attrs["provenance"]["sha256"]) == 64
+    assert set(load_table(csv)["precision"]) == {"bf16", "fp8", "quest:rtn_absmax"}
+
+
+def test_table_errors(tmp_path):
+    p = tmp_path / "bad.csv"
+    pd.DataFrame({"n_params": [1e6], "tokens": [1e8], "loss": [3.0]}).to_csv(p, index=False)
+    with pytest.raises(AnalysisError, match="missing column\\(s\\) forward, backward"):
+        load_table(p)
+    pd.DataFrame({"n_params": [1e6], "tokens": [1e8], "forward": ["bf16"], "backward": ["bf16"],
+                  "loss": [0.0]}).to_csv(p, index=False)
+    with pytest.raises(AnalysisError, match="row 0: loss must be positive"):
+        load_table(p)
+    with pytest.raises(AnalysisError, match="unsupported extension"):
+        (tmp_path / "x.xlsx").write_text("")
+        load_table(tmp_path / "x.xlsx")
+    with pytest.raises(AnalysisError, match="neither a runs directory"):
+        load(str(tmp_path / "missing"))
+
+
+def test_paper_table():
+    df = load_paper()
+    assert len(df) == 156 and (df["loss"] > 0).all()
+    assert df.attrs["provenance"]["kind"] == "paper"
+    assert ((df.forward == "bf16") & (df.backward == "bf16")).sum() == 23
+
+
+# ------------------------------------------------------------------ wandb through its public API
+RECORDED = Path(__file__).with_name("data") / "wandb_runs_response.json"
+
+
+class RecordedApi:
+    """Stands in for ``wandb.Api()`` at the network boundary: ``runs()`` answers from a recorded
+    GraphQL response, building real ``wandb.apis.public.Run`` objects from it (no network)."""
+
+    def __init__(self, path: Path):
+        self.payload = json.loads(path.read_text())
+
+    def runs(self, path, filters=None):
+        from wandb.apis.public import Run
+
+        entity, project = path.split("/")
+        nodes = self.payload["data"]["project"]["runs"]["edges"]
+        return [Run(None, entity, project, e["node"]["name"], attrs=e["node"]) for e in nodes]
+
+
+def test_wandb_public_api_recorded_response():
+    df = load_wandb("wandb:lab/quartet-tiny", api=RecordedApi(RECORDED))
+    assert sorted(df["run_id"]) == ["bf16-a", "fp8-b", "quartet-c"]
+    q = df.set_index("run_id").loc["quartet-c"]
+    assert (q["forward"], q["backward"], q["precision"]) == ("quest", "rtn_absmax", "quartet")
+    assert q["loss"] == pytest.approx(4.1234) and q["n_params"] == 4e5 and q["tokens"] == 1.6e7
+    reasons = {d["run_id"]: d["reason"] for d in df.attrs["dropped"]}
+    assert reasons == {"crashed1": "wandb state 'crashed' (unfinished)",
+                       "nokeys1": "run lacks tokens, val_loss in its summary/config"}
+    assert df.attrs["provenance"] == {"kind": "wandb", "path": "lab/quartet-tiny",
+                                      "run_ids": ["bf16-a", "fp8-b", "quartet-c"]}
+    with pytest.raises(AnalysisError, match="entity/project"):
+        load_wandb("wandb:justproject", api=RecordedApi(RECORDED))
+
+
+def test_wandb_offline_run_file_written_by_real_wandb(tmp_path, monkeypatch):
+    wandb = pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    for var in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR"):
+        monkeypatch.setenv(var, str(tmp_path / var.lower()))
+    run = wandb.init(project="quartet-test", dir=str(tmp_path), mode="offline",
+                     config={"precision": {"name": "quartet", "forward": "quest", "backward": "rtn_absmax"},
+                             "model": {"name": "llama_tiny"}}, settings=wandb.Settings(console="off"))
+    try:
+        for step in range(1, 6):
+            run.log({"loss": 6.0 - step * 0.3, "tokens": step * 1000})
+        run.summary.update({"val_loss": 4.25, "n_params": 123456, "tokens": 5000, "tokens_per_s": 99.0})
+        run.finish()
+    finally:
+        wandb.teardown()  # stop the wandb service process this test started
+    df = load_wandb_offline(tmp_path)
+    assert len(df) == 1
+    r = df.iloc[0]
+    assert (r["forward"], r["backward"], r["precision"]) == ("quest", "rtn_absmax", "quartet")
+    assert r["loss"] == pytest.approx(4.25) and r["n_params"] == 123456 and r["tokens"] == 5000
+    assert load(tmp_path).iloc[0]["run_id"] == r["run_id"]  # the dispatcher recognises the folder

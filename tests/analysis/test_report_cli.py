@@ -1,0 +1,118 @@
+"""fit_all on a demo-sized grid, the JSON report, the CLI, the figures and the no-torch guarantee."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analysis.cli import figures_main, fit_main
+from analysis.errors import AnalysisError
+from analysis.load import frame_from_table, load_runs_dir
+from analysis.report import fit_all
+
+from analysis_testdata import SCHEMES, synthetic_rows
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def demo_report():
+    df = frame_from_table(pd.DataFrame(synthetic_rows(noise=0.002)))
+    return df, fit_all(df, bootstrap=12, seed=3)
+
+
+def test_small_grid_with_bootstrap(demo_report):
+    df, rep = demo_report
+    assert rep.base.n_points == 9 and rep.base.status in ("converged", "too_few_points", "hit_bound")
+    assert rep.bootstrap["used"] >= 8
+    for label, (fw, bw, en, ed) in SCHEMES.items():
+        if label == "bf16":
+            continue
+        e = rep.eff(f"{fw}:{bw}" if fw != bw else fw)
+        assert e.kind == "joint" and e.n_points == 9
+        assert e.eff_n == pytest.approx(en, abs=0.12) and e.eff_d == pytest.approx(ed, abs=0.12)
+        lo, hi = rep.eff_intervals[e.scheme]["eff_n"]
+        assert lo <= hi
+    assert set(rep.base_intervals) == {"A", "alpha", "B", "beta", "E", "gamma"}
+    assert len(rep.headlines) == 2 and len(rep.forecasts) == 2
+
+
+def test_json_schema_and_provenance(demo_report, tmp_path):
+    _, rep = demo_report
+    out = json.loads(rep.to_json(tmp_path / "fit.json"))
+    assert json.loads((tmp_path / "fit.json").read_text()) == out
+    assert out["schema_version"] == 1
+    assert set(out["base"]["params"]) == {"A", "alpha", "B", "beta", "E", "gamma"}
+    assert out["base"]["status"] in ("converged", "hit_bound", "too_few_points", "failed")
+    assert set(out["base"]["intervals"]) == set(out["base"]["params"])
+    e = out["efficiencies"][0]
+    for key in ("scheme", "forward", "backward", "kind", "eff_n", "eff_d", "eff_n_interval", "eff_d_interval",
+                "status", "n_points", "run_ids"):
+        assert key in e
+    prov = out["provenance"]
+    assert prov["law"] == "busbridge" and prov["options"]["huber_delta"] == 1e-4
+    assert prov["code"]["quartet"] and len(prov["input"]["run_ids"]) == 27
+
+
+def test_missing_baseline_is_a_clear_error():
+    df = frame_from_table(pd.DataFrame([r for r in synthetic_rows() if r["forward"] != "bf16"]))
+    with pytest.raises(AnalysisError, match="no baseline rows.*precisions present: fp8, quest:rtn_absmax"):
+        fit_all(df)
+
+
+def test_cli_fit_paper_json(tmp_path, capsys):
+    assert fit_main(["--paper", "--json", str(tmp_path / "f.json")]) == 0
+    text = capsys.readouterr().out
+    assert "Base law (busbridge) on 23 runs" in text and "quest:sr_absmax" in text
+    assert "pays off when its speedup exceeds" in text
+    data = json.loads((tmp_path / "f.json").read_text())
+    assert data["base"]["params"]["gamma"] == pytest.approx(0.274, rel=0.01)
+    assert data["provenance"]["input"]["kind"] == "paper" and len(data["provenance"]["input"]["sha256"]) == 64
+
+
+def test_cli_errors_exit_2(tmp_path, capsys):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("n_params,tokens,loss\n1,2,3\n")
+    assert fit_main([str(bad)]) == 2
+    assert "missing column(s) forward, backward" in capsys.readouterr().err
+    assert fit_main([]) == 2
+    assert "exactly one SOURCE or --paper" in capsys.readouterr().err
+
+
+def test_figures_from_runs_dir(runs_dir, tmp_path, capsys):
+    out = tmp_path / "figs"
+    assert figures_main([str(runs_dir), "--out", str(out), "--law", "busbridge"]) == 0
+    names = {p.name for p in out.iterdir()}
+    for stem in ("losses", "efficiencies", "residuals", "breakeven", "optimal_precision"):
+        assert {f"{stem}.png", f"{stem}.pdf"} <= names
+        assert (out / f"{stem}.png").stat().st_size > 20_000  # a real plot, not an empty canvas
+    assert (out / "fit.json").exists()
+    assert "wrote 10 figure files" in capsys.readouterr().out
+
+
+def test_hoffmann_law_on_runs(runs_dir):
+    from analysis.report import fit_all as fa
+
+    rep = fa(load_runs_dir(runs_dir), "hoffmann", forecasts=False)
+    assert rep.base.params["gamma"] == 1.0 and "gamma" not in rep.base.free
+
+
+def test_imports_and_runs_without_torch(tmp_path):
+    """analysis must import and fit with torch made unimportable."""
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "import analysis, analysis.figures, analysis.cli\n"
+        "from analysis.cli import fit_main\n"
+        f"rc = fit_main(['--paper', '--json', {str(tmp_path / 'f.json')!r}])\n"
+        "assert rc == 0, rc\n"
+        "assert sys.modules['torch'] is None\n"
+        "print('NO_TORCH_OK')\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "NO_TORCH_OK" in res.stdout
