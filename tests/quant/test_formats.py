@@ -1,0 +1,118 @@
+"""Element formats and Hadamard transforms: exact grids, code round trips, orthonormality."""
+from __future__ import annotations
+
+
+import pytest
+import torch
+
+from quartet.quant import formats as F
+from quartet.quant.hadamard import block_hadamard, hadamard_matrix, random_signs
+
+
+def test_e2m1_grid_is_exact():
+    assert F.E2M1_GRID.tolist() == [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+    # every grid value (and its negative) is a fixed point of RTN
+    g = torch.cat([F.E2M1_GRID, -F.E2M1_GRID])
+    assert torch.equal(F.round_to_e2m1(g), g)
+
+
+def test_e2m1_rtn_thresholds_and_saturation():
+    # strictly above a threshold rounds up; exactly on it stays down (the kernels compare with >)
+    y = torch.tensor([0.25, 0.2501, 0.75, 0.7501, 1.25, 1.2501, 1.75, 1.7501, 2.5, 2.5001, 3.5, 3.5001, 5.0, 5.001,
+                      6.0, 7.0, 1e9])
+    want = [0, .5, .5, 1, 1, 1.5, 1.5, 2, 2, 3, 3, 4, 4, 6, 6, 6, 6]
+    assert F.round_to_e2m1(y).tolist() == want
+    assert F.round_to_e2m1(-y).tolist() == [-w for w in want]
+    # RTN is nearest: brute force against the grid on a fine sweep away from ties
+    x = torch.linspace(-7, 7, 2801) + 1e-4
+    cand = torch.cat([F.E2M1_GRID, -F.E2M1_GRID])
+    nearest = cand[(x.clamp(-6, 6).unsqueeze(1) - cand).abs().argmin(1)]
+    assert torch.equal(F.round_to_e2m1(x), nearest)
+
+
+def test_e2m1_codes_and_packing_round_trip():
+    codes = torch.arange(16, dtype=torch.uint8)
+    vals = F.e2m1_decode(codes)
+    assert vals[:8].tolist() == F.E2M1_GRID.tolist()
+    assert torch.equal(vals[8:].abs(), F.E2M1_GRID) and (vals[9:] < 0).all()
+    assert torch.equal(F.e2m1_encode(vals[torch.arange(16) != 8]), codes[torch.arange(16) != 8])  # -0 encodes as 0
+    c = torch.randint(0, 16, (5, 64), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    packed = F.pack_e2m1(c)
+    assert packed.shape == (5, 32) and packed.dtype == torch.uint8
+    assert torch.equal(packed[0, 0], (c[0, 0] | (c[0, 1] << 4)))  # low nibble first
+    assert torch.equal(F.unpack_e2m1(packed), c)
+    # our packing matches torch's float4_e2m1fn_x2 storage convention (two codes per byte)
+    assert torch.equal(packed.view(torch.float4_e2m1fn_x2).view(torch.uint8), packed)
+    with pytest.raises(ValueError):
+        F.e2m1_encode(torch.tensor([0.7]))
+
+
+def test_all_256_e8m0_codes_round_trip():
+    codes = torch.arange(256, dtype=torch.int64).to(torch.uint8)
+    vals = F.e8m0_decode(codes)
+    assert torch.isnan(vals[255])
+    exps = torch.arange(-127, 128, dtype=torch.float64)
+    assert torch.equal(vals[:255].double(), torch.pow(2.0, exps))
+    assert torch.equal(F.e8m0_encode(vals), codes)
+    # same bit meaning as PyTorch's own float8_e8m0fnu dtype
+    torch_vals = codes.view(torch.float8_e8m0fnu).float()
+    assert torch.equal(torch_vals[:255], vals[:255]) and torch.isnan(torch_vals[255])
+
+
+def test_fp8_and_int4_helpers():
+    x = torch.tensor([1.0, 300.0, 1000.0, -1e6, 0.3])
+    e4 = F.round_to_fp8(x, "e4m3")
+    assert e4.tolist()[:4] == [1.0, 288.0, 448.0, -448.0]  # RNE and saturation, never NaN
+    assert torch.equal(F.round_to_fp8(x, "e5m2")[3], torch.tensor(-57344.0))
+    y = torch.randn(64, 128, generator=torch.Generator().manual_seed(1))
+    q, s = F.fp8_quantize(y, "e4m3", "tensor")
+    assert s.numel() == 1 and float(q.abs().max()) == pytest.approx(float(y.abs().max()), rel=1e-6)
+    q, s = F.fp8_quantize(y, "e5m2", "row")
+    assert s.shape == (64, 1) and (q - y).abs().div(y.abs().amax(1, keepdim=True)).max() < 2 ** -2
+    q, s = F.int4_quantize(y, "row")
+    assert set((q / s).round().unique().tolist()) <= set(range(-7, 8))
+    assert ((q / s) - (q / s).round()).abs().max() < 1e-4
+    with pytest.raises(ValueError):
+        F.fp8_quantize(y, "e3m4")
+
+
+@pytest.mark.parametrize("n", [32, 64, 128, 256])
+def test_hadamard_orthonormal_and_sylvester(n):
+    h = hadamard_matrix(n)
+    assert torch.allclose(h @ h.t(), torch.eye(n), atol=1e-6)
+    assert torch.equal(h, h.t())
+    assert torch.equal((h * n**0.5).round().abs(), torch.ones(n, n))
+    assert torch.equal(h[:n // 2, :n // 2], h[n // 2:, :n // 2]) and torch.equal(h[n // 2:, n // 2:], -h[:n // 2, :n // 2])
+
+
+def test_block_hadamard_signs_before_h_and_inverse():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 4, 128, generator=g)
+    s = random_signs(32, g)
+    assert set(s.tolist()) <= {-1.0, 1.0}
+    y = block_hadamard(x, 32, s)
+    h = hadamard_matrix(32)
+    ref = torch.cat([(x[..., i:i + 32] @ torch.diag(s)) @ h for i in range(0, 128, 32)], dim=-1)
+    assert torch.allclose(y, ref, atol=1e-5)
+    assert torch.allclose(block_hadamard(y, 32, s, inverse=True), x, atol=1e-5)
+    assert torch.allclose(block_hadamard(block_hadamard(x, 64), 64, inverse=True), x, atol=1e-5)
+    # norms preserved blockwise; both GEMM operands rotated -> product unchanged
+    w = torch.randn(10, 128, generator=g)
+    assert torch.allclose(block_hadamard(x, 32, s) @ block_hadamard(w, 32, s).t(), x @ w.t(), atol=1e-4)
+    with pytest.raises(ValueError):
+        block_hadamard(torch.zeros(3, 48), 32)
+
+
+def test_signs_after_h_would_not_randomise_rtn():
+    """Why the order matters: signs applied after H only flip signs, which RTN commutes with."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(4, 32, generator=g) * 2
+    h = hadamard_matrix(32)
+    outs_after, outs_before = set(), set()
+    for _ in range(4):
+        s = random_signs(32, g)
+        after = F.round_to_e2m1((x @ h) * s) * s  # the buggy order, undone
+        before = block_hadamard(F.round_to_e2m1(block_hadamard(x, 32, s)), 32, s, inverse=True)
+        outs_after.add(tuple(after.flatten().tolist()))
+        outs_before.add(tuple(before.flatten().round(decimals=5).tolist()))
+    assert len(outs_after) == 1 and len(outs_before) > 1
