@@ -108,6 +108,7 @@ def bench_linear(shapes=LINEAR_SHAPES) -> dict:
             y.backward(e)
 
         row["bf16_ms"] = _bench(bf16_step)
+        lin_profiled = QuartetLinear(K, N, engine="hopper_fp8", stochastic=False, device=dev)
         # BF16 on MXFP4-valued data (anchors: BF16 runs faster on such data): the three GEMMs only
         xq = mx_quantize(x.detach(), rule="quest").deq
         wq = mx_quantize(w.detach(), rule="quest").deq
@@ -118,8 +119,12 @@ def bench_linear(shapes=LINEAR_SHAPES) -> dict:
         a2, b2 = mx_quantize(e, rule="absmax", fp8="e4m3"), mx_quantize(w.detach(), rule="absmax", axis=0, fp8="e4m3")
         a3, b3 = mx_quantize(e, rule="absmax", axis=0, fp8="e5m2"), mx_quantize(x.detach(), rule="absmax", axis=0, fp8="e4m3")
         row["fp8_gemms_ms"] = _bench(lambda: (G.hopper_fp8_mm(a1, b1), G.hopper_fp8_mm(a2, b2), G.hopper_fp8_mm(a3, b3)))
-        for engine in ("hopper_fp8", "triton"):
-            for sr in (False, True):
+        import quartet.kernels.linear as LIN
+
+        for engine, sr, row_exp in [("hopper_fp8", False, "exact"), ("hopper_fp8", True, "exact"),
+                                    ("hopper_fp8", False, "bound"), ("triton", False, "exact"), ("triton", True, "exact")]:
+            LIN.ROW_EXP = row_exp
+            if True:
                 lin = QuartetLinear(K, N, engine=engine, stochastic=sr, device=dev)
                 with torch.no_grad():
                     lin.weight.copy_(w)
@@ -128,7 +133,7 @@ def bench_linear(shapes=LINEAR_SHAPES) -> dict:
                     y = lin(x)
                     y.backward(e)
 
-                key = f"quartet_{engine}_{'sr' if sr else 'rtn'}"
+                key = f"quartet_{engine}_{'sr' if sr else 'rtn'}" + ("_rowbound" if row_exp == "bound" else "")
                 row[key + "_ms"] = _bench(q_step)
                 row[key + "_ratio"] = row[key + "_ms"] / row["bf16_ms"]
                 if engine == "hopper_fp8":
@@ -136,7 +141,10 @@ def bench_linear(shapes=LINEAR_SHAPES) -> dict:
                     q_step()
                     torch.cuda.synchronize()
                     row[key + "_flushed_per_step"] = int(lin.state.flushed.item()) if lin.state.flushed is not None else 0
+        LIN.ROW_EXP = "exact"
         row["gemm_only_ratio"] = row["fp8_gemms_ms"] / row["bf16_gemms_ms"]
+        if (T, K, N) == (16384, 4096, 4096):
+            row["profile"] = _profile(lambda: (lin_profiled(x).backward(e)))
         # where the time goes: the six quantizer calls + two masked inverse rotations of one step
         from quartet.kernels.triton_quant import masked_inverse_hadamard
 
@@ -153,11 +161,34 @@ def bench_linear(shapes=LINEAR_SHAPES) -> dict:
         _log(f"  linear {T}x{K}x{N}: bf16 {row['bf16_ms']:.3f} ms | quartet hopper_fp8 rtn "
              f"{row['quartet_hopper_fp8_rtn_ms']:.3f} ms ({row['quartet_hopper_fp8_rtn_ratio']:.2f}x) | "
              f"GEMM-only fp8/bf16 {row['gemm_only_ratio']:.2f} | quantizers {row['quantizers_ms']:.3f} ms | "
+             f"row-bound {row['quartet_hopper_fp8_rtn_rowbound_ratio']:.2f}x | sr {row['quartet_hopper_fp8_sr_ratio']:.2f}x | "
              f"triton engine {row['quartet_triton_rtn_ratio']:.2f}x")
         res.append(row)
         del x, w, e
         torch.cuda.empty_cache()
     return {"shapes": res}
+
+
+def _profile(fn, top: int = 14) -> list[dict]:
+    """CUDA time per kernel name of a few calls of ``fn`` (torch.profiler), largest first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            fn()
+        torch.cuda.synchronize()
+    rows = []
+    for ev in prof.key_averages():
+        t = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
+        if t > 0:
+            rows.append({"kernel": ev.key[:90], "us_per_call_of_fn": t / 5, "count": ev.count // 5})
+    rows.sort(key=lambda r: -r["us_per_call_of_fn"])
+    for r in rows[:top]:
+        _log(f"    {r['us_per_call_of_fn']:9.1f} us  x{r['count']:<3d} {r['kernel']}")
+    return rows[:top]
 
 
 # ---------------------------------------------------------------------------------------------- step

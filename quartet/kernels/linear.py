@@ -27,6 +27,8 @@ from quartet.kernels import gemm as G
 from quartet.kernels.triton_quant import mx_quantize, masked_inverse_hadamard
 
 ENGINES = ("hopper_fp8", "blackwell_mxfp4", "triton")
+#: how the FP8 fold picks each row's exponent ("exact" kernel pass or one-pass "bound"; see mx_quantize)
+ROW_EXP = "exact"
 
 
 def _signs(seed: int, device) -> torch.Tensor:
@@ -61,6 +63,7 @@ def _q(x, ctx: _Ctx, **kw):
     if ctx.engine == "hopper_fp8":
         kw.setdefault("fp8", "e4m3")
         kw.setdefault("deq", False)
+        kw.setdefault("row_exp", ROW_EXP)
     elif ctx.engine == "blackwell_mxfp4":
         kw["mx"] = True
         kw.setdefault("deq", False)

@@ -87,8 +87,8 @@ def test_hopper_fp8_gemm_is_exact_up_to_fp8_accumulation():
         pytest.skip("needs FP8 tensor cores")
     torch.manual_seed(1)
     for axis_a, axis_b, fa, fb in [(-1, -1, "e4m3", "e4m3"), (0, 0, "e5m2", "e4m3"), (-1, 0, "e4m3", "e4m3")]:
-        a = torch.randn(1024, 2048, device="cuda", dtype=torch.bfloat16)
-        b = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
+        a = torch.randn(*((1024, 2048) if axis_a == -1 else (2048, 1024)), device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(*((1536, 2048) if axis_b == -1 else (2048, 1536)), device="cuda", dtype=torch.bfloat16)
         qa = mx_quantize(a, axis=axis_a, rule="absmax", fp8=fa, out_dtype=torch.float32)
         qb = mx_quantize(b, axis=axis_b, rule="absmax", fp8=fb, out_dtype=torch.float32)
         out = G.hopper_fp8_mm(qa, qb, out_dtype=torch.float32)
