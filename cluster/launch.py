@@ -170,7 +170,7 @@ def run_local(plan: Plan, runs: list[PlannedRun], console=None) -> tuple[int, in
     # Children start with this many BLAS/OpenMP threads (set before spawn so the import sees it).
     os.environ["OMP_NUM_THREADS"] = str(threads)
     # Longest first: better packing of the pool, and the shortest runs fill the tail.
-    runs = sorted(runs, key=lambda r: -r.flops)
+    runs = sorted(runs, key=lambda r: -r.hours)
     job_id = f"local-{os.getpid()}"
     completed = failed = stopped = 0
     ctx = mp.get_context("spawn")

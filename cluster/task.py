@@ -188,6 +188,16 @@ def local_worker(run_dir: str, job_id: str) -> tuple[str, str, str | None]:
 
         threading.Thread(target=loop, daemon=True).start()
 
+    # The run's own output goes to <run_dir>/stdout.log (the trainer also writes train.log), so the
+    # launcher's progress display is not interleaved with several runs' logs.
+    import sys
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    log = open(run_path / "stdout.log", "a")
+    os.dup2(log.fileno(), 1)
+    os.dup2(log.fileno(), 2)
     try:
         result = execute_run(run_path, job_id, on_trainer=watch)
         state = "completed" if (run_path / runstate.SUMMARY).exists() else str(result.get("state", "preempted"))
@@ -197,6 +207,13 @@ def local_worker(run_dir: str, job_id: str) -> tuple[str, str, str | None]:
         return run_dir, "failed", f"{type(exc).__name__}: {first}"
     finally:
         watcher_done.set()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        os.close(saved[0])
+        os.close(saved[1])
+        log.close()
         try:
             stop_file.unlink()
         except FileNotFoundError:
