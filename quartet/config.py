@@ -164,6 +164,8 @@ class RunConfig:
     #: bf16 autocast on CUDA (fp32 on CPU regardless)
     amp: bool = True
     compile: bool = False
+    #: CPU threads for torch (0 = torch's default); 1 is fastest when several runs share few cores
+    threads: int = 0
 
 
 @dataclass

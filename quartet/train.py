@@ -31,6 +31,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -200,6 +201,8 @@ class Trainer:
             from quartet.errors import ConfigError
 
             raise ConfigError("run.device=cuda: no CUDA device is visible; allowed: auto, cpu")
+        if int(cfg.run.threads) > 0:
+            torch.set_num_threads(int(cfg.run.threads))
         self.dist = qdist.setup(dev_type)
         self.res: ResolvedRun = resolve(cfg, self.dist.world_size)
         self.device = torch.device(dev_type, self.dist.local_rank) if dev_type == "cuda" else torch.device("cpu")
@@ -396,7 +399,9 @@ class Trainer:
                 if "forward" not in found and bad(loss):
                     found["forward"] = "loss (cross-entropy)"
                 if "forward" not in found:
-                    loss.backward()
+                    with warnings.catch_warnings():  # "no inputs require gradients" on the first module: expected
+                        warnings.simplefilter("ignore", UserWarning)
+                        loss.backward()
                 if found:
                     break
         except RuntimeError as exc:  # hooks on exotic modules may refuse; report what we have
@@ -620,7 +625,7 @@ def cli_main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="Hydra overrides key=value / group=option")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config (with derived values) and exit")
     parser.add_argument("--config-file", help="replay a run from its config.yaml (or run directory); overrides still apply")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
     try:
         cfg = load_config_file(args.config_file, args.overrides) if args.config_file else compose(args.overrides)
         resolve(cfg, qdist.world_size_from_env())

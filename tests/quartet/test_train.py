@@ -1,0 +1,171 @@
+"""Trainer: run files, exact resume on CPU, atomic checkpoints, wandb id reuse, non-finite detection."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from quartet import checkpoint as ckpt_io
+from quartet.errors import DataError, NonFiniteError
+from quartet.runs import run_dir
+from quartet.train import Trainer
+
+
+def rows(path):
+    return [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+
+
+def stop_at(step):
+    def cb(trainer, row):
+        if row["step"] == step:
+            trainer.request_stop()
+    return cb
+
+
+def test_run_writes_contract_files_and_loss_falls(tiny_cfg):
+    cfg = tiny_cfg("budget.tokens=20480")  # 40 steps
+    out = Trainer(cfg).run()
+    d = run_dir(cfg)
+    for name in ("config.yaml", "state.json", "metrics.jsonl", "summary.json", "ckpt/last.pt", "env.json",
+                 "quant_map.json", "train.log"):
+        assert (d / name).is_file(), name
+    summary = json.loads((d / "summary.json").read_text())
+    for key in ("run_id", "name", "model", "n_params", "n_params_total", "tokens", "steps", "precision", "forward",
+                "backward", "seed", "val_loss", "train_loss", "wall_clock_s", "tokens_per_s", "finished_at",
+                "config_hash"):
+        assert key in summary, key
+    assert summary["steps"] == 40 and summary["tokens"] == 40 * 512 and summary["n_params"] == 13408
+    assert out["state"] == "completed" and out["val_loss"] == summary["val_loss"]
+    state = json.loads((d / "state.json").read_text())
+    assert state["state"] == "completed" and state["step"] == state["total_steps"] == 40
+    r = [x for x in rows(d) if "loss" in x]
+    assert [x["step"] for x in r] == list(range(1, 41))
+    assert set(r[0]) >= {"step", "tokens", "loss", "lr", "grad_norm", "tokens_per_s", "elapsed_s"}
+    assert r[-1]["loss"] < r[0]["loss"] - 0.5  # it learns
+    env = json.loads((d / "env.json").read_text())
+    assert env["torch"] == torch.__version__ and "git_commit" in env and "triton" in env and "cuda" in env
+    # a completed run is not retrained
+    again = Trainer(cfg).run()
+    assert again["val_loss"] == summary["val_loss"] and len(rows(d)) == len(rows(d))
+
+
+def test_resume_equals_uninterrupted_run_exactly(tiny_cfg, tmp_path):
+    over = ["optim.micro_batch_size=4", "logging.val_every=4", "logging.val_batches=2"]
+    full_cfg = tiny_cfg(*over)
+    Trainer(full_cfg).run()
+    full = rows(run_dir(full_cfg))
+
+    cut_cfg = tiny_cfg(*over, f"run.out_dir={tmp_path / 'cut'}")
+    t = Trainer(cut_cfg)
+    t.callbacks.append(stop_at(5))
+    out = t.run()
+    d = run_dir(cut_cfg)
+    assert out["state"] == "preempted" and out["step"] == 5
+    assert json.loads((d / "state.json").read_text())["state"] == "preempted"
+    assert not (d / "summary.json").exists()
+    resumed = Trainer(cut_cfg)
+    resumed.run()
+    cut = rows(d)
+    assert [x["step"] for x in cut] == [x["step"] for x in full]
+    for a, b in zip(full, cut):
+        for key in ("loss", "grad_norm", "lr", "val_loss"):
+            assert a.get(key) == b.get(key), (a["step"], key)  # bit-exact on CPU
+    assert json.loads((d / "summary.json").read_text())["val_loss"] == json.loads(
+        (run_dir(full_cfg) / "summary.json").read_text())["val_loss"]
+
+
+def test_checkpoint_write_is_atomic(tiny_cfg, monkeypatch):
+    cfg = tiny_cfg()
+    t = Trainer(cfg)
+    t.callbacks.append(stop_at(3))
+    t.run()
+    path = run_dir(cfg) / "ckpt" / "last.pt"
+    before = ckpt_io.load(path)
+    assert before["step"] == 3
+
+    def crash(obj, fh):  # a kill mid-write: half a file, then death
+        fh.write(b"PK\x03\x04partial-checkpoint-bytes")
+        raise OSError("simulated crash during checkpoint write")
+
+    t2 = Trainer(cfg)
+    t2._load_checkpoint()
+    t2.step = 4
+    monkeypatch.setattr(ckpt_io, "_serialize", crash)
+    with pytest.raises(OSError, match="simulated crash"):
+        t2.save_checkpoint()
+    monkeypatch.undo()
+    assert path.with_name("last.pt.tmp").exists()  # the partial file is only the tmp
+    after = ckpt_io.load(path)
+    assert after["step"] == 3
+    assert all(torch.equal(before["model"][k], after["model"][k]) for k in before["model"])
+    # and the run resumes from it and completes
+    out = Trainer(cfg).run()
+    assert out["state"] == "completed"
+
+
+def test_wandb_offline_id_is_reused_on_resume(tiny_cfg):
+    cfg = tiny_cfg("logging.wandb.mode=offline")
+    t = Trainer(cfg)
+    t.callbacks.append(stop_at(2))
+    t.run()
+    d = run_dir(cfg)
+    wid = (d / "wandb_id").read_text().strip()
+    assert len(wid) == 8
+    Trainer(cfg).run()
+    assert (d / "wandb_id").read_text().strip() == wid
+    runs = sorted((d / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2 and all(r.name.endswith(wid) for r in runs)
+    assert all((r / f"run-{wid}.wandb").is_file() for r in runs)
+
+
+def test_unreachable_wandb_does_not_stop_the_run(tiny_cfg, monkeypatch):
+    import wandb
+
+    def boom(*a, **k):
+        raise ConnectionError("wandb.ai unreachable")
+
+    monkeypatch.setattr(wandb, "init", boom)
+    cfg = tiny_cfg("logging.wandb.mode=online")
+    out = Trainer(cfg).run()
+    assert out["state"] == "completed"
+    assert "wandb disabled for this run: ConnectionError" in (run_dir(cfg) / "train.log").read_text()
+
+
+def test_non_finite_forward_names_step_and_module(tiny_cfg):
+    cfg = tiny_cfg()
+    t = Trainer(cfg)
+    with torch.no_grad():
+        t.model.blocks[0].mlp.w12.weight[0, 0] = float("nan")
+    with pytest.raises(NonFiniteError) as info:
+        t.run()
+    msg = str(info.value)
+    assert "non-finite loss at step 1" in msg and "'blocks.0.mlp.w12'" in msg
+    d = run_dir(cfg)
+    state = json.loads((d / "state.json").read_text())
+    assert state["state"] == "failed" and "blocks.0.mlp.w12" in state["error"]
+    assert "blocks.0.mlp.w12" in (d / "error.txt").read_text().splitlines()[0]
+    assert not (d / "summary.json").exists()
+
+
+def test_non_finite_gradient_names_the_parameter(tiny_cfg):
+    cfg = tiny_cfg()
+    t = Trainer(cfg)
+    t.callbacks.append(lambda tr, row: row["step"] == 2 and tr.model.blocks[0].attn.proj.weight.register_hook(
+        lambda g: g * float("nan")))
+    with pytest.raises(NonFiniteError) as info:
+        t.run()
+    msg = str(info.value)
+    assert "non-finite gradient norm at step 3" in msg and "blocks.0.attn.proj.weight" in msg
+
+
+def test_corrupt_data_fails_before_anything_is_written(tiny_cfg, tmp_path):
+    from quartet.data import prepare
+
+    cfg = tiny_cfg(f"data.dir={tmp_path / 'data'}")
+    folder = prepare(cfg.data, progress=False)
+    shard = folder / "val-00000.bin"
+    shard.write_bytes(shard.read_bytes()[:-4])
+    with pytest.raises(DataError, match="val-00000.bin has"):
+        Trainer(cfg)
+    assert not run_dir(cfg).exists()
