@@ -116,6 +116,7 @@ def test_backend_seam_on_gpu():
                 assert torch.equal(q.grad_factor, ref.grad_factor)
         qa, qb = be.quantize(x, QuantizerSpec("quest"), block=32), be.quantize(x[:128], QuantizerSpec("quest"), block=32)
         out = be.gemm(qa, qb)
-        assert _rel(out, qa.values.double() @ qb.values.double().t()) < 1e-4
+        # stated tolerances: FP8 accumulation (hopper_fp8) 1e-4; bf16 output rounding (triton) 4e-3
+        assert _rel(out, qa.values.double() @ qb.values.double().t()) < (1e-4 if name == "hopper_fp8" else 4e-3)
     with pytest.raises(Exception, match="nvfp4|MX quantizers"):
         get_backend("hopper_fp8", dev, [QuantizerSpec("nvfp4", group=16)])
