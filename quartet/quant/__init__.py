@@ -36,6 +36,8 @@ class QuantPlan:
     description: str = ""
     backend: str = "none"
     backend_detail: str = ""
+    #: run seed that the random Hadamard signs / SR seeds derive from
+    seed: int = 0
     #: converted module name -> {layer_index, shape, operands (per GEMM), backend}
     modules: dict[str, dict] = field(default_factory=dict)
     #: modules with weights that stay high precision (embeddings, lm_head, unconverted linears)
@@ -49,6 +51,7 @@ class QuantPlan:
             "description": self.description,
             "backend": self.backend,
             "backend_detail": self.backend_detail,
+            "seed": self.seed,
             "modules": self.modules,
             "high_precision": self.high_precision,
         }
@@ -80,13 +83,14 @@ def _device_of(model: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
-def apply_precision(model: nn.Module, precision_cfg, *, seed: int = 0, device: torch.device | str | None = None,
+def apply_precision(model: nn.Module, precision_cfg, *, seed: int | None = None, device: torch.device | str | None = None,
                     targets: tuple[type, ...] | None = None) -> QuantPlan:
     """Convert the model's block linears in place to the scheme's quantized linear.
 
     ``precision_cfg`` is a ``PrecisionConfig`` (or any object with its attributes). ``seed`` (the run
-    seed) enters every random Hadamard sign and stochastic-rounding seed. ``targets`` overrides the
-    module types to convert (default: ``quartet.model.BlockLinear``). ``bf16`` converts nothing.
+    seed) enters every random Hadamard sign and stochastic-rounding seed; None takes
+    ``torch.initial_seed()``, i.e. the seed of the caller's last ``torch.manual_seed(run.seed)``.
+    ``targets`` overrides the module types to convert (default: ``quartet.model.BlockLinear``). ``bf16`` converts nothing.
     Raises :class:`ConfigError` at once if the scheme or backend cannot run on ``device``.
     """
     scheme: Scheme = build_scheme(precision_cfg)
@@ -97,12 +101,13 @@ def apply_precision(model: nn.Module, precision_cfg, *, seed: int = 0, device: t
     if stats_every < 0:
         raise ConfigError(f"precision.stats_every={stats_every}: must be >= 0")
     targets = targets or (_block_linear_type(),)
+    seed = torch.initial_seed() if seed is None else int(seed)
     device = torch.device(device) if device is not None else _device_of(model)
     if any(isinstance(m, QuantLinear) for m in model.modules()):
         raise ConfigError("apply_precision: the model is already converted (call it once per model)")
 
     plan = QuantPlan(scheme=scheme.name, forward=scheme.forward_label, backward=scheme.backward_label,
-                     description=scheme.description)
+                     description=scheme.description, seed=seed)
     found = [(n, m) for n, m in model.named_modules() if isinstance(m, targets)]
     weighted = [n for n, m in model.named_modules()
                 if isinstance(m, (nn.Linear, nn.Embedding)) and not isinstance(m, targets)]

@@ -58,6 +58,22 @@ def _on(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return t.to(device=like.device, dtype=torch.float32)
 
 
+def _rtn_table_cpu() -> torch.Tensor:
+    # value of RTN on the interval (k/4, (k+1)/4], k = 0..23, decided at the interval's midpoint
+    mids = (torch.arange(24, dtype=torch.float32) + 0.5) / 4
+    return E2M1_GRID[torch.bucketize(mids, E2M1_THRESHOLDS)]
+
+
+_RTN_TABLES: dict[str, torch.Tensor] = {}
+
+
+def _rtn_table(device: torch.device) -> torch.Tensor:
+    key = str(device)
+    if key not in _RTN_TABLES:
+        _RTN_TABLES[key] = _rtn_table_cpu().to(device)
+    return _RTN_TABLES[key]
+
+
 def _uniform(shape, generator: torch.Generator | None, device) -> torch.Tensor:
     """U[0,1) draws from ``generator`` (which must live on ``device``) or the global RNG."""
     return torch.rand(shape, generator=generator, device=device, dtype=torch.float32)
@@ -72,17 +88,22 @@ def round_to_e2m1(y: torch.Tensor, stochastic: bool = False, generator: torch.Ge
     """
     y = y.float()
     a = y.abs().clamp(max=E2M1_MAX)
-    grid = _on(E2M1_GRID, y)
     if not stochastic:
-        # bucketize(right=False) counts thresholds strictly below |y|: that count is the grid index.
-        q = grid[torch.bucketize(a, _on(E2M1_THRESHOLDS, y))]
+        # Every RTN threshold is a multiple of 1/4 and ties go down, so the result is constant on each
+        # interval (k/4, (k+1)/4]: one table lookup at index ceil(4|y|) − 1 (exact, and ~2x faster on
+        # CPU than comparisons against the thresholds).
+        idx = (a * 4.0).ceil_().sub_(1.0).clamp_(0.0, 23.0).to(torch.int64)
+        q = torch.take(_rtn_table(a.device), idx)
     else:
-        lo_idx = (torch.bucketize(a, grid, right=True) - 1).clamp(0, 7)
-        hi_idx = (lo_idx + 1).clamp(max=7)
-        lo, hi = grid[lo_idx], grid[hi_idx]
-        width = torch.where(hi > lo, hi - lo, torch.ones_like(hi))
-        p_up = (a - lo) / width
-        q = torch.where(_uniform(a.shape, generator, a.device) < p_up, hi, lo)
+        # Spacing is 0.5 on [0, 2], 1 on [2, 4], 2 on [4, 6] (powers of two, so a/step is exact).
+        # [a > 2], [a > 4] as exact 0/1 floats via a saturating clamp (any float above 2 or 4 differs
+        # from it by far more than 1e-30); at a == 2 or 4 the smaller step gives the same result.
+        h2 = (a - 2.0).mul_(1e30).clamp_(0.0, 1.0)
+        h4 = (a - 4.0).mul_(1e30).clamp_(0.0, 1.0)
+        step = h2.mul_(0.5).add_(0.5).add_(h4)  # 0.5, 1 or 2
+        t = a / step
+        lo = torch.floor(t)
+        q = (lo + (_uniform(a.shape, generator, a.device) < (t - lo)).float()) * step
     return torch.copysign(q, y) if q.numel() else q
 
 

@@ -69,7 +69,12 @@ def quest_scales(x: torch.Tensor, group: int = 32, floor: bool = True) -> torch.
     compare with the paper's Gaussian MSE).
     """
     g = _grouped(x, group)
-    sigma = g.std(dim=-1, unbiased=False)  # population std, mean-subtracted, as the kernel
+    # Population std (mean-subtracted) as the kernel: sqrt(E[x²] − E[x]²). The group sums go through
+    # one matmul with a ones vector, several times faster on CPU than Tensor.std over a 32-wide dim.
+    ones = torch.ones(group, 1, device=g.device, dtype=g.dtype)
+    mean = (g @ ones).squeeze(-1) / group
+    mean_sq = ((g * g) @ ones).squeeze(-1) / group
+    sigma = (mean_sq - mean * mean).clamp_(min=0).sqrt_()
     raw = QUEST_SCALE_FACTOR * sigma + 1e-8
     return _pow2_floor(raw) if floor else raw
 
