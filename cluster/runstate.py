@@ -251,6 +251,8 @@ def inspect(run_dir: Path, queue: dict[str, str] | None = None, reconcile_dead: 
         view.step = summary.get("steps", view.step)
         view.total_steps = view.total_steps or summary.get("steps")
         return view
+    if view.state == "completed":  # summary.json is the only completion marker (it was deleted)
+        view.state = "new"
     view.live = claim_alive(claim, queue)
     if view.live:
         if view.state not in {"running"}:

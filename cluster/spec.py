@@ -89,8 +89,15 @@ def load_sweep(name_or_path: str, overrides: list[str] | None = None, sweeps_dir
     raw = _load_chain(path, sweeps_dir, seen=())
     try:
         merged = OmegaConf.merge(OmegaConf.structured(SweepSpec), raw)
-        if overrides:
-            merged = OmegaConf.merge(merged, OmegaConf.from_dotlist(list(overrides)))
+        for item in overrides or []:
+            key, _, value = item.partition("=")
+            head, _, rest = key.partition(".")
+            parsed = OmegaConf.from_dotlist([f"v={value}"]).v
+            if head in {"axes", "fixed"} and rest:
+                # axis / fixed keys are whole Hydra keys and may contain dots: axes.budget.tokens=[...]
+                merged[head][rest] = parsed
+            else:
+                merged = OmegaConf.merge(merged, OmegaConf.from_dotlist([item]))
     except OmegaConfBaseException as exc:
         raise ConfigError(f"sweep {path.stem}: {_one_line(exc)}") from None
     spec: SweepSpec = OmegaConf.to_object(merged)  # type: ignore[assignment]

@@ -1,0 +1,116 @@
+"""``quartet sweep --cluster local`` end to end with the real trainer on the tiniest models."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cluster import runstate
+from cluster.launch import cli_main as sweep_main
+from cluster.status import cli_main as status_main
+
+REPO = Path(__file__).resolve().parents[2]
+
+# 2 budgets x 2 precisions of the nano model: ~10-20 s on 2 cores
+TEST_SWEEP = """
+name: tsmoke
+cluster: local
+axes:
+  budget.tokens: [2048, 4096]
+  precision: [bf16, fp8]
+fixed:
+  model: llama_nano
+  budget: tokens
+  data: shakespeare_small
+  logging: quiet
+  run.device: cpu
+"""
+
+
+@pytest.fixture()
+def sweep_file(tmp_path: Path) -> str:
+    path = tmp_path / "tsmoke.yaml"
+    path.write_text(TEST_SWEEP)
+    return str(path)
+
+
+def summaries(group: Path) -> dict[str, dict]:
+    return {p.parent.name: json.loads(p.read_text()) for p in group.glob("*/summary.json")}
+
+
+def test_local_sweep_end_to_end_idempotent_and_rerun_one(tmp_path, sweep_file, capsys):
+    root = tmp_path / "runs"
+    assert sweep_main([sweep_file, "--runs-dir", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert "4 completed, 0 failed" in out
+    group = root / "tsmoke"
+    first = summaries(group)
+    assert len(first) == 4
+    for rid, summ in first.items():
+        d = group / rid
+        assert summ["run_id"] == rid and (d / "config.yaml").exists() and not (d / runstate.CLAIM).exists()
+        assert runstate.read_json(d / "state.json")["state"] == "completed"
+    # precision twins share seed and data order
+    cfgs = [(group / rid / "config.yaml").read_text() for rid in first]
+    assert len({c.split("data_seed:")[1].split()[0] for c in cfgs}) == 1
+
+    # second launch: nothing to do, says so, trains nothing
+    assert sweep_main([sweep_file, "--runs-dir", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert "nothing to submit" in out and "4 done" in out
+
+    # delete one summary: only that run is trained again
+    victim = sorted(first)[0]
+    (group / victim / "summary.json").unlink()
+    mtimes = {rid: (group / rid / "summary.json").stat().st_mtime_ns for rid in first if rid != victim}
+    assert sweep_main([sweep_file, "--runs-dir", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert "1 completed, 0 failed" in out and "to submit: 1" in out
+    again = summaries(group)
+    assert set(again) == set(first)
+    for rid, m in mtimes.items():
+        assert (group / rid / "summary.json").stat().st_mtime_ns == m
+    assert again[victim]["val_loss"] == pytest.approx(first[victim]["val_loss"], abs=1e-6)
+
+    assert status_main(["tsmoke", "--runs-dir", str(root)]) == 0
+    assert "4 runs: 4 completed" in capsys.readouterr().out
+
+
+def test_crashing_run_is_failed_with_traceback_others_finish(tmp_path, sweep_file, capsys):
+    """One run crashes inside the trainer: it is marked failed with its traceback; the rest complete;
+    a relaunch submits only the failed one again."""
+    root = tmp_path / "runs"
+    extra = ["sweep.axes.budget.tokens=[2048]", "sweep.axes.precision=[bf16]",
+             # passes validation, fails in the trainer: the data folder cannot be created
+             "sweep.include=[{budget.tokens: 2048, precision: bf16, run.seed: 3, data.dir: /dev/null/nope}]"]
+    assert sweep_main([sweep_file, "--runs-dir", str(root), *extra]) == 1
+    out = capsys.readouterr().out
+    assert "1 completed, 1 failed" in out
+    group = root / "tsmoke"
+    (bad,) = [p for p in group.iterdir() if p.name.endswith(tuple("0123456789abcdef")) and "-s3-" in p.name]
+    state = runstate.read_json(bad / "state.json")
+    assert state["state"] == "failed" and state["error"]
+    assert "Traceback" in (bad / "error.txt").read_text()
+    assert not (bad / "summary.json").exists() and not (bad / runstate.CLAIM).exists()
+    assert status_main(["tsmoke", "--runs-dir", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert "1 completed, 1 failed" in out.replace("2 runs: ", "") or "1 failed, 1 completed" in out
+    assert sweep_main([sweep_file, "--runs-dir", str(root), *extra, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "1 done, 1 failed" in out and "to submit: 1" in out
+
+
+def test_cli_dispatch_dry_run_smoke(tmp_path):
+    """`quartet sweep smoke --dry-run` through the console script: 27 runs, nothing written."""
+    exe = Path(sys.executable).with_name("quartet")
+    cmd = [str(exe) if exe.exists() else shutil.which("quartet") or "quartet", "sweep", "smoke", "--dry-run",
+           "--runs-dir", str(tmp_path / "runs")]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "27 runs" in out.stdout and "dry run" in out.stdout
+    assert not (tmp_path / "runs").exists()
