@@ -87,31 +87,37 @@ class QuartetLinearFn(torch.autograd.Function):
     def forward(ctx, x2d: torch.Tensor, weight: torch.Tensor, state: _Ctx):
         x2d = x2d.to(torch.bfloat16)
         w = weight.to(torch.bfloat16)
-        # forward operands: QuEST with the fixed Hadamard; keep X̂, Ŵ (bf16, exact) and masks for backward
-        qx = _q(x2d, state, rule="quest", mask=True, deq=True)
-        qw = _q(w, state, rule="quest", mask=True, deq=True)
+        # forward operands: QuEST with the fixed Hadamard. The backward requantizes X̂ and Ŵ: on the
+        # hopper engine they are kept as the FP8 tensors + power-of-two row scales the forward GEMM
+        # already used (1 byte/element, no bf16 copy); elsewhere as exact bf16 values.
+        fp8 = state.engine == "hopper_fp8"
+        qx = _q(x2d, state, rule="quest", mask=True, deq=not fp8)
+        qw = _q(w, state, rule="quest", mask=True, deq=not fp8)
         state.add_flushed(qx, qw)
         y = _mm(state, qx, qw)
-        ctx.save_for_backward(qx.deq, qx.mask, qw.deq, qw.mask)
+        if fp8:
+            ctx.save_for_backward(qx.fp8, qx.row_scale, qx.mask, qw.fp8, qw.row_scale, qw.mask)
+        else:
+            ctx.save_for_backward(qx.deq, None, qx.mask, qw.deq, None, qw.mask)
         ctx.state = state
         ctx.wdtype = weight.dtype
         return y
 
     @staticmethod
     def backward(ctx, e: torch.Tensor):
-        xh, mx_, wh, mw = ctx.saved_tensors
+        xh, xs, mx_, wh, ws, mw = ctx.saved_tensors
         st: _Ctx = ctx.state
         e = e.contiguous().to(torch.bfloat16)
         signs = _signs(st.next_seed(), e.device)
         kw = dict(rule="absmax", stochastic=st.stochastic, signs=signs)
         # dX̂ = E Ŵ, reduced over out: E grouped along its rows, Ŵᵀ read from Ŵ's columns
         qe = _q(e, st, axis=-1, seed=st.next_seed(), **kw)
-        qwt = _q(wh, st, axis=0, seed=st.next_seed(), **kw)
+        qwt = _q(wh, st, axis=0, seed=st.next_seed(), in_scale=ws, **kw)
         dx = masked_inverse_hadamard(_mm(st, qe, qwt), mx_)
         # dŴ = Eᵀ X̂, reduced over tokens: both read column-wise; the gradient gets e5m2's wider range
         fmt = {"fp8": "e5m2"} if st.engine == "hopper_fp8" else {}
         qet = _q(e, st, axis=0, seed=st.next_seed(), **fmt, **kw)
-        qxt = _q(xh, st, axis=0, seed=st.next_seed(), **kw)
+        qxt = _q(xh, st, axis=0, seed=st.next_seed(), in_scale=xs, **kw)
         st.add_flushed(qe, qwt, qet, qxt)
         dw = masked_inverse_hadamard(_mm(st, qet, qxt), mw, out_dtype=torch.float32)
         return dx, dw.to(ctx.wdtype), None

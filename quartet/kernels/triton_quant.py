@@ -72,32 +72,47 @@ if HAS_TRITON:
 
     @triton.jit
     def _mx_quant_kernel(
-        x_ptr, R, K, stride_r, stride_k,
+        x_ptr, R, K, stride_r, stride_k, in_scale_ptr,
         signs_ptr, h_ptr,
         deq_ptr, mask_ptr, codes_ptr, scale_ptr, fp8_ptr, rowexp_ptr, flush_ptr,
         seed,
         RULE: tl.constexpr, STOCHASTIC: tl.constexpr, HADAMARD: tl.constexpr, HAS_SIGNS: tl.constexpr,
         MODE: tl.constexpr, WRITE_MASK: tl.constexpr, WRITE_DEQ: tl.constexpr, DOT_BF16: tl.constexpr,
-        FP8_SHIFT: tl.constexpr, FP8_MIN_EXP: tl.constexpr,
+        IN_SCALE: tl.constexpr, COL_ORDER: tl.constexpr, FP8_SHIFT: tl.constexpr,
         BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
     ):
-        G: tl.constexpr = BLOCK_R * BLOCK_K // 32
+        # The tile is handled as G groups x 32 elements from the start (no reshapes): group g covers
+        # logical row r(g), columns k0(g) .. k0(g)+31. COL_ORDER numbers groups row-fastest, so that
+        # neighbouring groups are neighbours in memory when the operand is read along its columns.
+        NJ: tl.constexpr = BLOCK_K // 32
+        G: tl.constexpr = BLOCK_R * NJ
         pid_r = tl.program_id(0)
         pid_k = tl.program_id(1)
-        offs_r = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
-        offs_k = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
-        rmask = offs_r < R
-        inb = rmask[:, None] & (offs_k[None, :] < K)
-        src = x_ptr + offs_r[:, None].to(tl.int64) * stride_r + offs_k[None, :].to(tl.int64) * stride_k
-        x = tl.load(src, mask=inb, other=0.0)
-        xg = tl.reshape(x, (G, 32))
+        g = tl.arange(0, G)
+        if COL_ORDER:
+            r_loc = g % BLOCK_R
+            j_loc = g // BLOCK_R
+        else:
+            r_loc = g // NJ
+            j_loc = g % NJ
+        rows = pid_r * BLOCK_R + r_loc
+        k0 = pid_k * BLOCK_K + j_loc * 32
+        c = tl.arange(0, 32)
+        rmask = rows < R
+        inb = rmask[:, None] & (c[None, :] < 32)
+        kk = k0[:, None] + c[None, :]
+        src = x_ptr + rows[:, None].to(tl.int64) * stride_r + kk.to(tl.int64) * stride_k
+        xg = tl.load(src, mask=inb, other=0.0)
+        if IN_SCALE == 1:  # one input scale per logical row (FP8-stored operand read along its rows)
+            xg = xg.to(tl.float32) * tl.load(in_scale_ptr + rows, mask=rmask, other=0.0)[:, None]
+        elif IN_SCALE == 2:  # one input scale per logical column (read along its columns)
+            xg = xg.to(tl.float32) * tl.load(in_scale_ptr + kk)
 
         # ---- rotation: (x ⊙ signs) @ H±1, then 1/sqrt(32) -----------------------------------------
         if HADAMARD:
-            j = tl.arange(0, 32)
-            h = tl.load(h_ptr + j[:, None] * 32 + j[None, :])
+            h = tl.load(h_ptr + c[:, None] * 32 + c[None, :])
             if HAS_SIGNS:
-                sg = tl.load(signs_ptr + j)
+                sg = tl.load(signs_ptr + c)
                 h = h * sg[:, None]  # diag(s) @ H: still ±1, so the products stay exact
             if DOT_BF16:
                 y = tl.dot(xg.to(tl.bfloat16), h.to(tl.bfloat16), out_dtype=tl.float32)
@@ -122,23 +137,25 @@ if HAS_TRITON:
 
         if MODE == 2:
             # row pass for the FP8 fold: the largest group exponent of each output row
-            er = tl.max(tl.reshape(e, (BLOCK_R, BLOCK_K // 32)), axis=1)
-            tl.atomic_max(rowexp_ptr + offs_r, er, mask=rmask)
+            if COL_ORDER:
+                er = tl.max(tl.reshape(e, (NJ, BLOCK_R)), axis=0)
+            else:
+                er = tl.max(tl.reshape(e, (BLOCK_R, NJ)), axis=1)
+            rr_ = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
+            tl.atomic_max(rowexp_ptr + rr_, er, mask=rr_ < R)
         else:
             # ---- scale and round ------------------------------------------------------------------
             if RULE == 1:
                 # oracle order: divide by the exact power of two, then multiply by 3/4 (one rounding)
-                s = _exp2i(e) * 1.3333333333333333
                 yq = (y * _exp2i(-e)[:, None]) * 0.75
             else:
-                s = _exp2i(e)
                 yq = y * _exp2i(-e)[:, None]  # exact: power-of-two scale
             a = tl.abs(yq)
             if STOCHASTIC:
                 # one Philox call yields four 32-bit numbers: draw per (group, 8 lanes) and spread them
                 # over the 32 elements of the group (a fixed bijection), a quarter of tl.rand's work
-                gid = offs_r[:, None] * (K // 32) + (pid_k * (BLOCK_K // 32) + tl.arange(0, BLOCK_K // 32))[None, :]
-                offs4 = tl.reshape(gid, (G,))[:, None] * 8 + tl.arange(0, 8)[None, :]
+                gid = rows * (K // 32) + k0 // 32
+                offs4 = gid[:, None] * 8 + tl.arange(0, 8)[None, :]
                 r0, r1, r2, r3 = tl.randint4x(seed, offs4)
                 rr = tl.reshape(tl.join(tl.join(r0, r1), tl.join(r2, r3)), (G, 32))
                 rnd = (rr >> 8).to(tl.float32) * 5.960464477539063e-08  # top 24 bits -> [0, 1)
@@ -151,39 +168,34 @@ if HAS_TRITON:
                 q = tl.where(a > 5.0, 6.0, tl.where(a > 3.5, 4.0, tl.where(a > 2.5, 3.0, tl.where(
                     a > 1.75, 2.0, tl.where(a > 1.25, 1.5, tl.where(a > 0.75, 1.0, tl.where(a > 0.25, 0.5, 0.0)))))))
             neg = yq < 0
-            out_offs = offs_r[:, None].to(tl.int64) * K + offs_k[None, :]
+            out_offs = rows[:, None].to(tl.int64) * K + kk
 
             if WRITE_MASK:
-                keep = tl.reshape(a < 6.0, (BLOCK_R, BLOCK_K))
-                tl.store(mask_ptr + out_offs, keep.to(tl.int8), mask=inb)
+                tl.store(mask_ptr + out_offs, (a < 6.0).to(tl.int8), mask=inb)
             if WRITE_DEQ:
                 if RULE == 1:
                     deq = (tl.where(neg, -q, q) * _exp2i(e)[:, None]) * 1.3333333333333333
                 else:
-                    deq = tl.where(neg, -q, q) * s[:, None]
-                tl.store(deq_ptr + out_offs, tl.reshape(deq, (BLOCK_R, BLOCK_K)).to(deq_ptr.dtype.element_ty), mask=inb)
+                    deq = tl.where(neg, -q, q) * _exp2i(e)[:, None]
+                tl.store(deq_ptr + out_offs, deq.to(deq_ptr.dtype.element_ty), mask=inb)
             if MODE == 1:
                 mag = tl.where(q < 2.0, q * 2.0, tl.where(q < 4.0, q + 2.0, tl.where(q < 5.0, 6.0, 7.0)))
                 code = mag.to(tl.int32) | tl.where(neg & (q > 0.0), 8, 0)
-                code = tl.reshape(code, (BLOCK_R, BLOCK_K // 2, 2))
-                lo_c, hi_c = tl.split(code)
+                lo_c, hi_c = tl.split(tl.reshape(code, (G, 16, 2)))
                 packed = (lo_c | (hi_c << 4)).to(tl.uint8)
-                offs_p = pid_k * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)
-                pdst = codes_ptr + offs_r[:, None].to(tl.int64) * (K // 2) + offs_p[None, :]
-                tl.store(pdst, packed, mask=rmask[:, None] & (offs_p[None, :] < K // 2))
-                offs_g = pid_k * (BLOCK_K // 32) + tl.arange(0, BLOCK_K // 32)
-                e8 = tl.reshape(e + 127, (BLOCK_R, BLOCK_K // 32)).to(tl.uint8)
-                sdst = scale_ptr + offs_r[:, None].to(tl.int64) * (K // 32) + offs_g[None, :]
-                tl.store(sdst, e8, mask=rmask[:, None] & (offs_g[None, :] < K // 32))
+                c16 = tl.arange(0, 16)
+                pdst = codes_ptr + rows[:, None].to(tl.int64) * (K // 2) + (k0 // 2)[:, None] + c16[None, :]
+                tl.store(pdst, packed, mask=rmask[:, None] & (c16[None, :] < 16))
+                tl.store(scale_ptr + rows.to(tl.int64) * (K // 32) + k0 // 32, (e + 127).to(tl.uint8), mask=rmask)
             if MODE == 3:
-                er = tl.load(rowexp_ptr + offs_r, mask=rmask, other=0)
-                d = tl.reshape(tl.reshape(e, (BLOCK_R, BLOCK_K // 32)) - er[:, None], (G,)) + FP8_SHIFT
+                er = tl.load(rowexp_ptr + rows, mask=rmask, other=0)
+                d = e - er + FP8_SHIFT
                 val = tl.where(neg, -q, q) * _exp2i(tl.maximum(d, -126))[:, None]
                 f8 = val.to(fp8_ptr.dtype.element_ty)
                 # a value is flushed when the FP8 number differs from the exact folded value
-                flushed = (f8.to(tl.float32) != val) & (tl.reshape(inb, (G, 32)))
+                flushed = (f8.to(tl.float32) != val) & inb
                 tl.atomic_add(flush_ptr, tl.sum(tl.sum(flushed.to(tl.int32), axis=1), axis=0))
-                tl.store(fp8_ptr + out_offs, tl.reshape(f8, (BLOCK_R, BLOCK_K)), mask=inb)
+                tl.store(fp8_ptr + out_offs, f8, mask=inb)
 
     @triton.jit
     def _masked_ihadamard_kernel(g_ptr, mask_ptr, h_ptr, out_ptr, R, K, scale,
@@ -292,7 +304,8 @@ def mx_quantize(
     fp8: str | None = None,
     out_dtype: torch.dtype = torch.bfloat16,
     block: tuple[int, int, int] | None = None,
-    row_exp: str = "bound",
+    row_exp: str = "exact",
+    in_scale: torch.Tensor | None = None,
 ) -> QuantizedOperand:
     """Quantize a 2-D operand to MXFP4 in one fused pass (plus a row-exponent pass when ``fp8`` is set).
 
@@ -305,6 +318,8 @@ def mx_quantize(
     ``row_exp`` picks the row's fold exponent: ``"exact"`` (a first kernel pass finds the largest group
     exponent) or ``"bound"`` (one bandwidth-bound ``max|x|`` reduction gives an upper bound, at most
     ~2.5 binades high: the values stay exact, the FP8 range left for small groups shrinks by that much).
+    ``in_scale`` (float32, one power of two per *stored* row of ``x``) reads an FP8-folded operand back:
+    the kernel multiplies ``x`` by it on load, so a saved FP8 ``X̂`` can be requantized without a bf16 copy.
     """
     if not HAS_TRITON:
         raise RuntimeError("triton is not installed; the fused quantizers need it")
@@ -328,10 +343,20 @@ def mx_quantize(
         out.deq = torch.empty(R, K, device=dev, dtype=out_dtype)
     if mask:
         out.mask = torch.empty(R, K, device=dev, dtype=torch.bool)
+    if in_scale is not None:
+        in_sc = in_scale.reshape(-1).to(device=dev, dtype=torch.float32).contiguous()
+        if in_sc.numel() != x.shape[0]:
+            raise ValueError(f"in_scale needs one value per stored row ({x.shape[0]}), got {in_sc.numel()}")
+        in_mode = 1 if axis in (-1, 1) else 2
+        if row_exp == "bound":
+            row_exp = "exact"  # the max|x| bound would need the scaled values
+    else:
+        in_sc, in_mode = dummy, 0
     common = dict(
         RULE=RULES[rule], STOCHASTIC=bool(stochastic), HADAMARD=bool(hadamard), HAS_SIGNS=signs is not None,
         # bf16 tensor-core dot on the GPU (exact: ±1 weights); the CPU interpreter has no bf16 dot
-        DOT_BF16=x.dtype == torch.bfloat16 and dev.type == "cuda", BLOCK_R=br, BLOCK_K=bk, num_warps=warps,
+        DOT_BF16=(x.dtype == torch.bfloat16 or in_scale is not None) and dev.type == "cuda",
+        IN_SCALE=in_mode, COL_ORDER=(s_r == 1 and s_k != 1), BLOCK_R=br, BLOCK_K=bk, num_warps=warps,
     )
     mask_t = out.mask.view(torch.int8) if mask else dummy
     deq_t = out.deq if deq else dummy
@@ -341,13 +366,13 @@ def mx_quantize(
         out.e8m0 = torch.empty(R, K // 32, device=dev, dtype=torch.uint8)
         codes_t, e8_t = out.codes, out.e8m0
     if fp8 is not None:
-        dtype_name, shift, min_exp = FP8_FORMATS[fp8]
+        dtype_name, shift, _ = FP8_FORMATS[fp8]
         flush = torch.zeros(1, device=dev, dtype=torch.int32)
         if row_exp == "exact":
             rowexp = torch.full((R,), -127, device=dev, dtype=torch.int32)
-            _mx_quant_kernel[grid](x, R, K, s_r, s_k, sg, h, dummy, dummy, dummy, dummy, dummy, rowexp, dummy, seed,
-                                   MODE=MODE_ROWEXP, WRITE_MASK=False, WRITE_DEQ=False,
-                                   FP8_SHIFT=shift, FP8_MIN_EXP=min_exp, **common)
+            _mx_quant_kernel[grid](x, R, K, s_r, s_k, in_sc, sg, h, dummy, dummy, dummy, dummy, dummy, rowexp, dummy,
+                                   seed, MODE=MODE_ROWEXP, WRITE_MASK=False, WRITE_DEQ=False,
+                                   FP8_SHIFT=shift, **common)
         elif row_exp == "bound":
             rowexp = _row_exp_bound(x, axis, rule, hadamard)
         else:
@@ -359,15 +384,14 @@ def mx_quantize(
         out.flushed = flush
         mode = MODE_FP8
     else:
-        shift, min_exp = 0, 0
+        shift = 0
         mode = MODE_MX if mx else MODE_DEQ
     if mx and fp8 is not None:
         raise ValueError("ask for mx codes or fp8, not both, in one call")
     if mode == MODE_DEQ and not (deq or mask):
         raise ValueError("nothing to compute: ask for deq, mask, mx or fp8")
-    _mx_quant_kernel[grid](x, R, K, s_r, s_k, sg, h, deq_t, mask_t, codes_t, e8_t, fp8_t, rowexp, flush, seed,
-                           MODE=mode, WRITE_MASK=bool(mask), WRITE_DEQ=bool(deq),
-                           FP8_SHIFT=shift, FP8_MIN_EXP=min_exp, **common)
+    _mx_quant_kernel[grid](x, R, K, s_r, s_k, in_sc, sg, h, deq_t, mask_t, codes_t, e8_t, fp8_t, rowexp, flush, seed,
+                           MODE=mode, WRITE_MASK=bool(mask), WRITE_DEQ=bool(deq), FP8_SHIFT=shift, **common)
     if fp8 is not None:
         # row scale 2^(e_row - shift) [x4/3]; exact powers of two in float32
         out.row_scale = (torch.exp2((out.rowexp - out.fp8_shift).to(torch.float32)) * out.factor).unsqueeze(1)

@@ -166,3 +166,15 @@ def test_bad_inputs_raise_clear_errors():
         tq.mx_quantize(torch.randn(4, 48).to(DEV))
     with pytest.raises(ValueError, match="rule"):
         tq.mx_quantize(torch.randn(4, 64).to(DEV), rule="nope")
+
+
+@pytest.mark.parametrize("axis", [-1, 0])
+def test_requantizing_an_fp8_folded_operand_equals_requantizing_its_values(axis):
+    g = torch.Generator().manual_seed(21)
+    x = torch.randn(64, 128, generator=g).to(torch.bfloat16).to(DEV)
+    fwd = tq.mx_quantize(x, rule="quest", fp8="e4m3", deq=True)  # X̂ as FP8 + power-of-two row scales
+    assert fwd.flushed.item() == 0
+    signs = hadamard.random_signs(32, g)
+    a = tq.mx_quantize(fwd.deq, axis=axis, rule="absmax", signs=signs, out_dtype=torch.float32)
+    b = tq.mx_quantize(fwd.fp8, axis=axis, rule="absmax", signs=signs, out_dtype=torch.float32, in_scale=fwd.row_scale)
+    assert torch.equal(a.deq, b.deq)
