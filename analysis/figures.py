@@ -134,8 +134,12 @@ def plot_efficiencies(report: FitReport, out_dir: Path) -> list[Path]:
         ax.errorbar(e.eff_d, e.eff_n, xerr=xerr, yerr=yerr, fmt=markers[e.kind], ms=7, capsize=3,
                     color=colors[(2 * k) % 20 + (k // 10) % 2], mfc="none" if hollow else None,
                     label=f"{e.scheme} [{e.kind}] ({e.eff_n:.3f}, {e.eff_d:.3f})" + (f" {e.status}" if hollow else ""))
-    ax.set_xlim(-0.02, 1.12)
-    ax.set_ylim(-0.02, 1.12)
+    # Room for efficiencies a little above 1 (noise on near-lossless formats) and their intervals.
+    finite = [v for e in report.efficiencies for v in (e.eff_n, e.eff_d) if np.isfinite(v)]
+    hi_ci = [iv[1] for ints in report.eff_intervals.values() for iv in ints.values()]
+    top = min(2.0, max([1.12] + [v + 0.05 for v in finite + hi_ci if v < 2.0]))
+    ax.set_xlim(-0.02, top)
+    ax.set_ylim(-0.02, top)
     ax.set_xlabel("data efficiency effD (backward precision)")
     ax.set_ylabel("parameter efficiency effN (forward precision)")
     ax.set_title("Efficiencies (unfitted one = 1; hollow = flagged fit)", fontsize=10)
