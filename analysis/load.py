@@ -167,7 +167,8 @@ def _nested(d: dict, dotted: str, default=None):
 
 
 def _run_dirs(root: Path) -> list[Path]:
-    markers = ("summary.json", "state.json", "config.yaml", "metrics.jsonl")
+    # A run folder is one the trainer or the cluster has touched (config.yaml alone may be a snapshot).
+    markers = ("summary.json", "state.json", "metrics.jsonl")
     found = set()
     for m in markers:
         for p in root.rglob(m):
