@@ -12,7 +12,9 @@ neighbour of the bracketing grid pair with probability (|y| − lo)/(hi − lo),
 PyTorch's native ``float8_e4m3fn`` / ``float8_e5m2`` casts (round-to-nearest-even) after clamping
 to the format's largest finite value, so overflow saturates instead of producing NaN/Inf.
 
-Everything here is pure PyTorch, device-agnostic, and computes in float32.
+Everything here is pure PyTorch, device-agnostic, and computes in float32. Scales divide by a
+non-power-of-two constant c as ``amax * (1/c)``: CUDA turns a division by a Python scalar into that
+multiplication anyway, so writing it explicitly makes CPU and GPU results bitwise identical.
 """
 from __future__ import annotations
 
@@ -183,7 +185,7 @@ def fp8_quantize(x: torch.Tensor, fmt: str = "e4m3", scaling: str = "tensor") ->
         amax = x.abs().amax(dim=-1, keepdim=True)
     else:
         raise ValueError(f"fp8 scaling must be 'tensor' or 'row', got {scaling!r}")
-    scale = torch.where(amax > 0, amax / fmax, torch.ones_like(amax))
+    scale = torch.where(amax > 0, amax * (1.0 / fmax), torch.ones_like(amax))
     return round_to_fp8(x / scale, fmt) * scale, scale
 
 
@@ -211,5 +213,5 @@ def int4_quantize(x: torch.Tensor, scaling: str = "row", stochastic: bool = Fals
         amax = x.abs().amax(dim=-1, keepdim=True)
     else:
         raise ValueError(f"int4 scaling must be 'tensor' or 'row', got {scaling!r}")
-    scale = torch.where(amax > 0, amax / INT4_MAX, torch.ones_like(amax))
+    scale = torch.where(amax > 0, amax * (1.0 / INT4_MAX), torch.ones_like(amax))
     return round_to_int4(x / scale, stochastic, generator) * scale, scale

@@ -136,8 +136,8 @@ def nvfp4_quantize(x: torch.Tensor, stochastic: bool = False, generator: torch.G
     """NVFP4 fake quantization → (x̂ float32, per-group E4M3 scale (float32 values), FP32 tensor scale)."""
     g = _grouped(x, group)
     amax = g.abs().amax()
-    tensor_scale = torch.where(amax > 0, amax / (E2M1_MAX * E4M3_MAX), torch.ones_like(amax))
-    block = round_to_fp8(g.abs().amax(dim=-1) / E2M1_MAX / tensor_scale, "e4m3")
+    tensor_scale = torch.where(amax > 0, amax * (1.0 / (E2M1_MAX * E4M3_MAX)), torch.ones_like(amax))
+    block = round_to_fp8(g.abs().amax(dim=-1) * (1.0 / E2M1_MAX) / tensor_scale, "e4m3")
     block = torch.where(block > 0, block, torch.ones_like(block))  # all-zero group (or E4M3 underflow)
     s = (block * tensor_scale).unsqueeze(-1)
     q = round_to_e2m1(g / s, stochastic=stochastic, generator=generator)

@@ -157,7 +157,7 @@ def ms_fp4_quantize(x: torch.Tensor, clip_quantile: float = 0.0, dge_k: float = 
     if clip_quantile:
         x, residual = occ_clamp(x, clip_quantile)
     amax = x.abs().amax(dim=-1, keepdim=True)
-    s = torch.where(amax > 0, amax / E2M1_MAX, torch.ones_like(amax))
+    s = torch.where(amax > 0, amax * (1.0 / E2M1_MAX), torch.ones_like(amax))
     y = x / s
     q = round_to_e2m1(y)
     factor = dge_derivative(y, dge_k, dge_cap) if dge_k else None

@@ -1,0 +1,83 @@
+"""The reference library on a CUDA device gives the CPU results (skipped without a GPU).
+
+Also runnable without pytest on a bare GPU box: ``python tests/quant/test_gpu.py``.
+"""
+from __future__ import annotations
+
+import torch
+
+try:
+    import pytest
+
+    pytestmark = pytest.mark.gpu
+except ImportError:  # pragma: no cover - bare GPU box
+    pytest = None
+
+
+def _cpu_gpu(fn, *args):
+    cpu = fn(*[a.cpu() if isinstance(a, torch.Tensor) else a for a in args])
+    gpu = fn(*[a.cuda() if isinstance(a, torch.Tensor) else a for a in args])
+    return cpu, gpu
+
+
+def test_deterministic_quantizers_match_cpu():
+    from quartet.quant import formats as F
+    from quartet.quant import mx
+    from quartet.quant.hadamard import block_hadamard
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(256, 512, generator=g) * 3
+    quantizers = {
+        "rtn_e2m1": lambda t: F.round_to_e2m1(t), "ocp": lambda t: mx.rtn_absmax_mxfp4(t),
+        "absmax": lambda t: mx.absmax_mxfp4(t), "quest": lambda t: mx.quest_mxfp4(t)[0],
+        "nvfp4": lambda t: mx.nvfp4_quantize(t)[0], "fp8": lambda t: F.fp8_quantize(t, "e4m3", "row")[0],
+        "quest_e8m0": lambda t: F.e8m0_decode(F.e8m0_encode(mx.quest_scales(t))),
+        "quest_after_hadamard": lambda t: mx.quest_mxfp4(block_hadamard(t, 32))[0],
+    }
+    for name, fn in quantizers.items():
+        c, d = _cpu_gpu(fn, x)
+        assert d.is_cuda
+        # sigma / Hadamard use matmuls whose float rounding may differ across devices; on the
+        # quantization grid almost every output is then still identical
+        frac = float((c != d.cpu()).float().mean())
+        if "quest" in name:
+            assert frac < 1e-3, (name, frac)
+        else:  # no matmul inside: bitwise the CPU result
+            assert frac == 0.0, (name, frac)
+    c, d = _cpu_gpu(lambda t: block_hadamard(t, 128), x)
+    assert torch.allclose(c, d.cpu(), atol=1e-5)
+
+
+def test_quant_linear_runs_on_cuda_with_seeded_sr():
+    from torch import nn
+
+    from quartet.model import BlockLinear
+    from quartet.quant import apply_precision, collect_stats, set_step
+    from quartet.quant.config import PrecisionConfig
+
+    for name in ("quartet", "quartet_sr", "fp8", "ms_fp4", "nvfp4", "luq_int4"):
+        grads = []
+        for _ in range(2):
+            torch.manual_seed(0)
+            m = nn.Sequential(BlockLinear(256, 512), BlockLinear(512, 256)).cuda()
+            plan = apply_precision(m, PrecisionConfig(name=name, backend="reference", stats_every=1), seed=5)
+            assert plan.backend == "reference"
+            set_step(m, 1)
+            x = torch.randn(4, 64, 256, device="cuda", generator=torch.Generator("cuda").manual_seed(1))
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                y = m(x)
+            y.float().square().mean().backward()
+            assert torch.isfinite(m[0].weight.grad).all()
+            assert collect_stats(m)
+            grads.append(m[0].weight.grad.clone())
+        assert torch.equal(grads[0], grads[1]), name  # reproducible on the GPU too
+
+
+if __name__ == "__main__":  # pragma: no cover - bare GPU box without pytest
+    import sys
+
+    sys.path.insert(0, ".")
+    print(torch.__version__, torch.cuda.get_device_name(0))
+    test_deterministic_quantizers_match_cpu()
+    test_quant_linear_runs_on_cuda_with_seeded_sr()
+    print("gpu checks passed")
