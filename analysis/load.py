@@ -292,8 +292,12 @@ def _wandb_row(rid: str, state: str, summary: dict, config: dict, group: str | N
     if state not in ("finished",):
         return None, f"wandb state {state!r} (unfinished)"
     vals = {k: _first(summary, keys) for k, keys in _SUMMARY_KEYS.items()}
+    # quartet's trainer mirrors its resolved config (with a "derived" block: n_params, tokens, ...)
+    # into the wandb config and logs tokens / val_loss; fall back on those keys.
     if vals["n_params"] is None:
-        vals["n_params"] = _flat_get(config, "n_params")
+        vals["n_params"] = _flat_get(config, "n_params") or _flat_get(config, "derived.n_params")
+    if vals["tokens"] is None:
+        vals["tokens"] = _flat_get(config, "derived.tokens")
     fw = summary.get("forward") or _flat_get(config, "precision.forward")
     bw = summary.get("backward") or _flat_get(config, "precision.backward")
     missing = [k for k, v in (("forward", fw), ("backward", bw), ("n_params", vals["n_params"]),
@@ -303,7 +307,7 @@ def _wandb_row(rid: str, state: str, summary: dict, config: dict, group: str | N
     reason = _check_row(rid, vals["n_params"], vals["tokens"], vals["loss"])
     if reason:
         return None, reason
-    return {"run_id": summary.get("run_id", rid), "model": summary.get("model") or _flat_get(config, "model.name"),
+    return {"run_id": summary.get("run_id") or config.get("run_id") or rid, "model": summary.get("model") or _flat_get(config, "model.name"),
             "n_params": float(vals["n_params"]), "tokens": float(vals["tokens"]), "forward": str(fw),
             "backward": str(bw), "precision": summary.get("precision") or _flat_get(config, "precision.name")
             or _precision_label(fw, bw), "loss": float(vals["loss"]), "tokens_per_s": vals["tokens_per_s"],
@@ -402,7 +406,8 @@ def read_wandb_file(path: str | Path) -> dict:
 def load_wandb_offline(root: str | Path) -> pd.DataFrame:
     """Runs from wandb offline folders (every ``run-*.wandb`` file under ``root``)."""
     root = Path(root)
-    files = sorted(root.rglob("run-*.wandb"))
+    # wandb keeps a "latest-run" symlink to the newest run folder: count each file once.
+    files = sorted({p.resolve() for p in root.rglob("run-*.wandb")})
     if not files:
         raise AnalysisError(f"no wandb run files (run-*.wandb) under {root}")
     rows, dropped = [], []

@@ -117,6 +117,8 @@ def test_wandb_public_api_recorded_response():
     q = df.set_index("run_id").loc["quartet-c"]
     assert (q["forward"], q["backward"], q["precision"]) == ("quest", "rtn_absmax", "quartet")
     assert q["loss"] == pytest.approx(4.1234) and q["n_params"] == 4e5 and q["tokens"] == 1.6e7
+    # quartet's trainer puts N in the config's "derived" block, not in the wandb summary
+    assert df.set_index("run_id").loc["fp8-b", "n_params"] == 4e5
     reasons = {d["run_id"]: d["reason"] for d in df.attrs["dropped"]}
     assert reasons == {"crashed1": "wandb state 'crashed' (unfinished)",
                        "nokeys1": "run lacks tokens, val_loss in its summary/config"}
