@@ -7,13 +7,14 @@ loss with δ = 1e-4, i.e. ``scipy.optimize.least_squares(loss="huber", f_scale=1
     C(θ) = ½ δ² Σ ρ((r_i/δ)²),   ρ(z) = z if z ≤ 1 else 2√z − 1.
 
 With δ this small the fit is close to a least-absolute-deviation fit in log space, whose landscape
-has many flat valleys; hence the paper's 324-point multi-start grid (best cost wins).
+has many flat valleys; hence the paper's multi-start grid (best cost wins).
 
 Speed: the paper runs one finite-difference ``least_squares`` per start (~100 s). Here every start
 is advanced at once by a batched, damped Gauss-Newton (Levenberg-Marquardt) iteration on the same
 Huber cost — iteratively re-weighted (w_i = min(1, δ/|r_i|)) with the analytic Jacobian of
 :mod:`analysis.laws` — and the few best distinct end points are then polished with the exact paper
-objective in scipy. All 324 starts are explored, so the search is at least as broad as the paper's.
+objective in scipy. Every start of the grid is explored — the full product of the paper's per-parameter
+values, 486 starts, a superset of the 324 its text mentions — so the search is at least as broad.
 
 Stage 1 (:func:`fit_base`) fits the base law on unquantized rows; stage 2 (:func:`fit_efficiency`)
 keeps the base fixed and fits effN and/or effD (in log space, bounded to [1e-5, 4]) for one precision.

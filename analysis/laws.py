@@ -67,7 +67,7 @@ class Law:
         return out
 
     def start_grid(self) -> np.ndarray:
-        """The paper's multi-start grid restricted to the free parameters (324 starts for Busbridge).
+        """The paper's multi-start grid restricted to the free parameters (486 starts for Busbridge).
 
         a ∈ {0,5,10}, α ∈ {0,0.5,1}, b ∈ {0,5,10}, β ∈ {0,0.5,1}, e ∈ {0,0.5}, γ ∈ {0,0.5,1}.
         """
