@@ -540,7 +540,7 @@ def cli_main(argv: list[str] | None = None) -> int:
                         help="prepare: build (or reuse) shards; verify: check sizes + sha256; info: print the manifest")
     parser.add_argument("overrides", nargs="*", help="config overrides, e.g. data=c4 data.max_documents=1000000")
     parser.add_argument("--force", action="store_true", help="prepare again even when the folder exists")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
     try:
         from quartet.config import compose, resolve
 
