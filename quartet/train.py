@@ -230,7 +230,7 @@ class Trainer:
         from quartet import quant
 
         self.quant = quant
-        self.plan = quant.apply_precision(self.model, cfg.precision)
+        self.plan = quant.apply_precision(self.model, cfg.precision, seed=int(cfg.run.seed), device=self.device)
         o = cfg.optim
         fused = {"fused": True} if self.device.type == "cuda" else {}
         self.optimizer = torch.optim.AdamW(param_groups(self.model, decay_ids, float(o.weight_decay)), lr=self.res.lr,
