@@ -201,7 +201,7 @@ def write_run_config(run: PlannedRun, profile: ClusterProfile) -> Path:
 def _si(x: float) -> str:
     if x == 0 or not math.isfinite(x):
         return f"{x:g}"
-    for unit, div in (("E", 1e18), ("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+    for unit, div in (("Z", 1e21), ("E", 1e18), ("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if abs(x) >= div:
             return f"{x / div:.3g}{unit}"
     return f"{x:.3g}"
