@@ -31,6 +31,27 @@ def _bench(fn, warmup=25, rep=100) -> float:
     return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
 
 
+def _graph(fn, params=()):
+    """Capture ``fn`` (a layer's forward + backward) in a CUDA graph; returns the replay callable.
+
+    Gradients of ``params`` are reset before capture so the graph writes them (no accumulation).
+    """
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            for p in params:
+                p.grad = None
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    for p in params:
+        p.grad = None
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return g.replay
+
+
 def _log(msg: str) -> None:
     print(msg, flush=True)
 
@@ -108,6 +129,7 @@ def bench_linear(shapes=LINEAR_SHAPES) -> dict:
             y.backward(e)
 
         row["bf16_ms"] = _bench(bf16_step)
+        row["bf16_graph_ms"] = _bench(_graph(bf16_step, (x, w)))
         lin_profiled = QuartetLinear(K, N, engine="hopper_fp8", stochastic=False, device=dev)
         # BF16 on MXFP4-valued data (anchors: BF16 runs faster on such data): the three GEMMs only
         xq = mx_quantize(x.detach(), rule="quest").deq
@@ -142,6 +164,18 @@ def bench_linear(shapes=LINEAR_SHAPES) -> dict:
                     torch.cuda.synchronize()
                     row[key + "_flushed_per_step"] = int(lin.state.flushed.item()) if lin.state.flushed is not None else 0
         LIN.ROW_EXP = "exact"
+        # the same layers captured in CUDA graphs (launch overhead removed; fresh device seeds per replay)
+        for sr in (False, True):
+            lin = QuartetLinear(K, N, engine="hopper_fp8", stochastic=sr, device=dev, graph_safe=True)
+            with torch.no_grad():
+                lin.weight.copy_(w)
+
+            def q_step(lin=lin):
+                lin(x).backward(e)
+
+            key = f"quartet_hopper_fp8_{'sr' if sr else 'rtn'}_graph"
+            row[key + "_ms"] = _bench(_graph(q_step, (x, lin.weight)))
+            row[key + "_ratio"] = row[key + "_ms"] / row["bf16_graph_ms"]
         row["gemm_only_ratio"] = row["fp8_gemms_ms"] / row["bf16_gemms_ms"]
         if (T, K, N) == (16384, 4096, 4096):
             row["profile"] = _profile(lambda: (lin_profiled(x).backward(e)))
@@ -161,6 +195,8 @@ def bench_linear(shapes=LINEAR_SHAPES) -> dict:
         _log(f"  linear {T}x{K}x{N}: bf16 {row['bf16_ms']:.3f} ms | quartet hopper_fp8 rtn "
              f"{row['quartet_hopper_fp8_rtn_ms']:.3f} ms ({row['quartet_hopper_fp8_rtn_ratio']:.2f}x) | "
              f"GEMM-only fp8/bf16 {row['gemm_only_ratio']:.2f} | quantizers {row['quantizers_ms']:.3f} ms | "
+             f"graphed: bf16 {row['bf16_graph_ms']:.3f} ms, quartet rtn {row['quartet_hopper_fp8_rtn_graph_ms']:.3f} ms "
+             f"({row['quartet_hopper_fp8_rtn_graph_ratio']:.2f}x) sr {row['quartet_hopper_fp8_sr_graph_ratio']:.2f}x | "
              f"row-bound {row['quartet_hopper_fp8_rtn_rowbound_ratio']:.2f}x | sr {row['quartet_hopper_fp8_sr_ratio']:.2f}x | "
              f"triton engine {row['quartet_triton_rtn_ratio']:.2f}x")
         res.append(row)

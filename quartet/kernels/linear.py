@@ -37,21 +37,35 @@ def _signs(seed: int, device) -> torch.Tensor:
 
 
 class _Ctx:
-    """Per-layer state shared with the autograd function: engine, rounding, seeds, flush counter."""
+    """Per-layer state shared with the autograd function: engine, rounding, seeds, flush counter.
 
-    def __init__(self, engine: str, stochastic: bool, seed: int = 0):
+    Seeds and Hadamard signs derive from (layer seed, step, call number) on the host, so a run is
+    reproducible and every call and step gets its own stream. ``graph_safe=True`` draws them on the
+    device from the CUDA generator instead (seeded by ``torch.manual_seed``), so that a captured CUDA
+    graph gets fresh signs and SR streams on every replay.
+    """
+
+    def __init__(self, engine: str, stochastic: bool, seed: int = 0, graph_safe: bool = False):
         if engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
         self.engine = engine
         self.stochastic = stochastic
         self.seed = seed
+        self.graph_safe = graph_safe
         self.step = 0
         self.calls = 0
         self.flushed: torch.Tensor | None = None
 
-    def next_seed(self) -> int:
+    def next_seed(self, device=None):
         self.calls += 1
+        if self.graph_safe:
+            return torch.randint(0, 2**31 - 1, (1,), device=device, dtype=torch.int64)
         return (self.seed * 1_000_003 + self.step * 7919 + self.calls) & 0x7FFF_FFFF
+
+    def signs(self, device) -> torch.Tensor:
+        if self.graph_safe:
+            return torch.randint(0, 2, (32,), device=device).float() * 2 - 1
+        return _signs(self.next_seed(), device)
 
     def add_flushed(self, *ops):
         for op in ops:
@@ -108,16 +122,17 @@ class QuartetLinearFn(torch.autograd.Function):
         xh, xs, mx_, wh, ws, mw = ctx.saved_tensors
         st: _Ctx = ctx.state
         e = e.contiguous().to(torch.bfloat16)
-        signs = _signs(st.next_seed(), e.device)
+        signs = st.signs(e.device)
+        dev = e.device
         kw = dict(rule="absmax", stochastic=st.stochastic, signs=signs)
         # dX̂ = E Ŵ, reduced over out: E grouped along its rows, Ŵᵀ read from Ŵ's columns
-        qe = _q(e, st, axis=-1, seed=st.next_seed(), **kw)
-        qwt = _q(wh, st, axis=0, seed=st.next_seed(), in_scale=ws, **kw)
+        qe = _q(e, st, axis=-1, seed=st.next_seed(dev), **kw)
+        qwt = _q(wh, st, axis=0, seed=st.next_seed(dev), in_scale=ws, **kw)
         dx = masked_inverse_hadamard(_mm(st, qe, qwt), mx_)
         # dŴ = Eᵀ X̂, reduced over tokens: both read column-wise; the gradient gets e5m2's wider range
         fmt = {"fp8": "e5m2"} if st.engine == "hopper_fp8" else {}
-        qet = _q(e, st, axis=0, seed=st.next_seed(), **fmt, **kw)
-        qxt = _q(xh, st, axis=0, seed=st.next_seed(), in_scale=xs, **kw)
+        qet = _q(e, st, axis=0, seed=st.next_seed(dev), **fmt, **kw)
+        qxt = _q(xh, st, axis=0, seed=st.next_seed(dev), in_scale=xs, **kw)
         st.add_flushed(qe, qwt, qet, qxt)
         dw = masked_inverse_hadamard(_mm(st, qet, qxt), mw, out_dtype=torch.float32)
         return dx, dw.to(ctx.wdtype), None
@@ -127,19 +142,20 @@ class QuartetLinear(torch.nn.Linear):
     """Drop-in ``nn.Linear`` (no bias) that runs the fused Quartet scheme on a GPU engine."""
 
     def __init__(self, in_features: int, out_features: int, engine: str = "hopper_fp8", stochastic: bool = False,
-                 seed: int = 0, device=None, dtype=None):
+                 seed: int = 0, device=None, dtype=None, graph_safe: bool = False):
         super().__init__(in_features, out_features, bias=False, device=device, dtype=dtype)
-        self.state = _Ctx(engine, stochastic, seed)
+        self.state = _Ctx(engine, stochastic, seed, graph_safe)
 
     @classmethod
-    def from_linear(cls, lin: torch.nn.Linear, engine: str = "hopper_fp8", stochastic: bool = False, seed: int = 0):
+    def from_linear(cls, lin: torch.nn.Linear, engine: str = "hopper_fp8", stochastic: bool = False, seed: int = 0,
+                    graph_safe: bool = False):
         """Wrap an existing (bias-free) linear, sharing its weight Parameter."""
         new = cls.__new__(cls)
         torch.nn.Module.__init__(new)
         new.in_features, new.out_features = lin.in_features, lin.out_features
         new.weight = lin.weight
         new.bias = None
-        new.state = _Ctx(engine, stochastic, seed)
+        new.state = _Ctx(engine, stochastic, seed, graph_safe)
         return new
 
     def set_step(self, step: int) -> None:

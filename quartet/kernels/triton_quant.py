@@ -78,7 +78,7 @@ if HAS_TRITON:
         seed,
         RULE: tl.constexpr, STOCHASTIC: tl.constexpr, HADAMARD: tl.constexpr, HAS_SIGNS: tl.constexpr,
         MODE: tl.constexpr, WRITE_MASK: tl.constexpr, WRITE_DEQ: tl.constexpr, DOT_BF16: tl.constexpr,
-        IN_SCALE: tl.constexpr, COL_ORDER: tl.constexpr, FP8_SHIFT: tl.constexpr,
+        IN_SCALE: tl.constexpr, COL_ORDER: tl.constexpr, FP8_SHIFT: tl.constexpr, SEED_PTR: tl.constexpr,
         BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
     ):
         # The tile is handled as G groups x 32 elements from the start (no reshapes): group g covers
@@ -156,7 +156,11 @@ if HAS_TRITON:
                 # over the 32 elements of the group (a fixed bijection), a quarter of tl.rand's work
                 gid = rows * (K // 32) + k0 // 32
                 offs4 = gid[:, None] * 8 + tl.arange(0, 8)[None, :]
-                r0, r1, r2, r3 = tl.randint4x(seed, offs4)
+                if SEED_PTR:  # the seed lives on the device (CUDA-graph replays draw fresh seeds)
+                    sd = tl.load(seed)
+                else:
+                    sd = seed
+                r0, r1, r2, r3 = tl.randint4x(sd, offs4)
                 rr = tl.reshape(tl.join(tl.join(r0, r1), tl.join(r2, r3)), (G, 32))
                 rnd = (rr >> 8).to(tl.float32) * 5.960464477539063e-08  # top 24 bits -> [0, 1)
                 inv = tl.where(a < 2.0, 2.0, tl.where(a < 4.0, 1.0, 0.5))  # 1/step (powers of two: exact)
@@ -295,7 +299,7 @@ def mx_quantize(
     axis: int = -1,
     rule: str = "quest",
     stochastic: bool = False,
-    seed: int = 0,
+    seed: int | torch.Tensor = 0,
     hadamard: bool = True,
     signs: torch.Tensor | None = None,
     deq: bool = True,
@@ -313,7 +317,8 @@ def mx_quantize(
     ``0`` groups along its columns and returns outputs for ``x.T`` without ever copying ``x.T``.
     ``rule`` is ``quest`` | ``absmax`` (Quartet backward, ×4/3, no clipping) | ``rtn_absmax`` (OCP).
     ``stochastic`` rounds with Philox numbers keyed by ``seed`` and the element index (a new seed per
-    call gives a new stream). ``signs`` (32 values ±1) randomize the Hadamard (applied before H).
+    call gives a new stream); ``seed`` may be a one-element int64 CUDA tensor, read by the kernel, so
+    a captured CUDA graph can draw a new seed on the device for every replay. ``signs`` (32 values ±1) randomize the Hadamard (applied before H).
     ``fp8`` (``"e4m3"``/``"e5m2"``) also returns the operand folded into FP8 with one scale per row.
     ``row_exp`` picks the row's fold exponent: ``"exact"`` (a first kernel pass finds the largest group
     exponent) or ``"bound"`` (one bandwidth-bound ``max|x|`` reduction gives an upper bound, at most
@@ -352,7 +357,10 @@ def mx_quantize(
             row_exp = "exact"  # the max|x| bound would need the scaled values
     else:
         in_sc, in_mode = dummy, 0
-    common = dict(
+    seed_ptr = isinstance(seed, torch.Tensor)
+    if seed_ptr and (seed.numel() != 1 or seed.device != x.device):
+        raise ValueError("a tensor seed must be one integer on the operand's device")
+    common = dict(SEED_PTR=seed_ptr,
         RULE=RULES[rule], STOCHASTIC=bool(stochastic), HADAMARD=bool(hadamard), HAS_SIGNS=signs is not None,
         # bf16 tensor-core dot on the GPU (exact: ±1 weights); the CPU interpreter has no bf16 dot
         DOT_BF16=(x.dtype == torch.bfloat16 or in_scale is not None) and dev.type == "cuda",
