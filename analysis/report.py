@@ -141,12 +141,15 @@ def base_rows(df: pd.DataFrame, base_label: str = BASE_LABEL) -> pd.DataFrame:
 def scheme_groups(df: pd.DataFrame, base_label: str = BASE_LABEL, selections: dict | None = None):
     """Yield (label, forward, backward, kind, rows) for every non-base precision, selections applied."""
     rest = df[~((df["forward"] == base_label) & (df["backward"] == base_label))]
-    for (fw, bw), rows in rest.groupby(["forward", "backward"], sort=True):
+    # Group by the scheme name too: two schemes may share forward/backward labels (e.g. the same
+    # quantizers with another rounding seed policy) and must not be pooled into one fit.
+    names = rest["precision"] if "precision" in rest else pd.Series(np.nan, index=rest.index)
+    rest = rest.assign(_scheme=[p if isinstance(p, str) and p else (f if f == b else f"{f}:{b}")
+                                for p, f, b in zip(names, rest["forward"], rest["backward"])])
+    for (fw, bw, label), rows in rest.groupby(["forward", "backward", "_scheme"], sort=True):
         if selections and (fw, bw) in selections:
             rows = rows.query(selections[(fw, bw)])
-        labels = rows["precision"].dropna().unique() if "precision" in rows else []
-        label = str(labels[0]) if len(labels) == 1 else f"{fw}:{bw}"
-        yield label, str(fw), str(bw), scheme_kind(fw, bw, base_label), rows
+        yield str(label), str(fw), str(bw), scheme_kind(fw, bw, base_label), rows.drop(columns="_scheme")
 
 
 def _forecast(name: str, base: pd.DataFrame, held_mask: np.ndarray, law, delta: float) -> Forecast:

@@ -116,3 +116,13 @@ def test_imports_and_runs_without_torch(tmp_path):
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "NO_TORCH_OK" in res.stdout
+
+
+def test_schemes_sharing_labels_are_not_pooled():
+    rows = synthetic_rows()
+    extra = [{**r, "precision": "quartet_b", "run_id": r["run_id"] + "-b", "loss": r["loss"] * 1.01}
+             for r in rows if r["precision"] == "quartet"]
+    rep = fit_all(frame_from_table(pd.DataFrame(rows + extra)), forecasts=False)
+    a, b = rep.eff("quartet"), rep.eff("quartet_b")
+    assert a.n_points == b.n_points == 9 and (a.forward, a.backward) == (b.forward, b.backward)
+    assert b.eff_n < a.eff_n  # the 1 % worse copy is fitted on its own
