@@ -116,3 +116,18 @@ def test_signs_after_h_would_not_randomise_rtn():
         outs_after.add(tuple(after.flatten().tolist()))
         outs_before.add(tuple(before.flatten().round(decimals=5).tolist()))
     assert len(outs_after) == 1 and len(outs_before) > 1
+
+
+def test_quant_package_imports_with_only_torch():
+    """The GPU boxes have torch and nothing else of ours: no hydra/omegaconf/wandb/rich/numpy at import."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "for m in ('hydra', 'omegaconf', 'wandb', 'rich', 'numpy', 'scipy', 'pandas'): sys.modules[m] = None\n"
+            "import quartet.quant, quartet.quant.stats, quartet.quant.linear, quartet.quant.config\n"
+            "from quartet.quant.stats import gaussian_stats\n"
+            "print(round(gaussian_stats(['rtn_absmax'], samples=1 << 12, scales=1)[0]['mse'], 3))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert 0.005 < float(out.stdout.strip().splitlines()[-1]) < 0.03
