@@ -51,13 +51,15 @@ def print_report(report, console=None) -> None:
     # Pipes/logs get a wide console so the tables do not wrap into unreadable columns.
     console = console or (Console() if sys.stdout.isatty() else Console(width=150))
     b = report.base
-    t = Table(title=f"Base law ({b.law}) on {b.n_points} runs — status: {b.status}", title_justify="left")
-    for col in ("parameter", "value", "95% interval", ""):
+    boot = bool(report.base_intervals)
+    t = Table(title=f"Base law ({b.law}), {b.n_points} runs", title_justify="left")
+    for col in ("parameter", "value", "95% interval", "note"):
         t.add_column(col)
     for name, val in b.params.items():
         raw = {"A": "a", "B": "b", "E": "e"}.get(name, name)
-        t.add_row(name, f"{val:.6g}", _iv(report.base_intervals.get(name)), "" if raw in b.free else "fixed")
+        t.add_row(name, f"{val:.6g}", _iv(report.base_intervals.get(name)) or "-", "" if raw in b.free else "fixed")
     console.print(t)
+    console.print(f"base fit status: {b.status}" + ("" if boot else " (intervals: run with --bootstrap N)"))
     ms = b.multistart
     if ms:
         console.print(f"multi-start: {ms.n_converged}/{ms.n_starts} starts reached the best basin "
@@ -78,8 +80,11 @@ def print_report(report, console=None) -> None:
     if report.bootstrap.get("requested"):
         console.print(f"bootstrap: {report.bootstrap['used']}/{report.bootstrap['requested']} resamples used")
     for f in report.forecasts:
-        console.print(f"forecast {f.name}: mean |rel. error| {f.mean_abs_rel_error:.2%}, max "
-                      f"{f.max_abs_rel_error:.2%} on {len(f.held_out)} held-out run(s) ({f.status})")
+        if f.mean_abs_rel_error == f.mean_abs_rel_error:  # not NaN
+            console.print(f"forecast {f.name}: mean |rel. error| {f.mean_abs_rel_error:.2%}, max "
+                          f"{f.max_abs_rel_error:.2%} on {len(f.held_out)} held-out run(s) (refit: {f.status})")
+        else:
+            console.print(f"forecast {f.name}: skipped ({f.status}: {f.message})")
     for h in report.headlines:
         console.print(f"• {h['text']}")
     if report.dropped:
