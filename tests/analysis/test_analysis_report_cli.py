@@ -68,7 +68,8 @@ def test_missing_baseline_is_a_clear_error():
 def test_cli_fit_paper_json(tmp_path, capsys):
     assert fit_main(["--paper", "--json", str(tmp_path / "f.json")]) == 0
     text = capsys.readouterr().out
-    assert "Base law (busbridge) on 23 runs" in text and "quest:sr_absmax" in text
+    assert "Base law (busbridge), 23 runs" in text and "quest:sr_absmax" in text
+    assert "base fit status: converged" in text
     assert "pays off when its speedup exceeds" in text
     data = json.loads((tmp_path / "f.json").read_text())
     assert data["base"]["params"]["gamma"] == pytest.approx(0.274, rel=0.01)
