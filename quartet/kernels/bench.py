@@ -164,6 +164,10 @@ def bench_linear(shapes=LINEAR_SHAPES) -> dict:
                     torch.cuda.synchronize()
                     row[key + "_flushed_per_step"] = int(lin.state.flushed.item()) if lin.state.flushed is not None else 0
         LIN.ROW_EXP = "exact"
+        LIN.DUAL_E = False
+        lin = QuartetLinear(K, N, engine="hopper_fp8", stochastic=False, device=dev, graph_safe=True)
+        row["quartet_hopper_fp8_rtn_graph_nodual_ms"] = _bench(_graph(lambda: lin(x).backward(e), (x, lin.weight)))
+        LIN.DUAL_E = True
         # the same layers captured in CUDA graphs (launch overhead removed; fresh device seeds per replay)
         for sr in (False, True):
             lin = QuartetLinear(K, N, engine="hopper_fp8", stochastic=sr, device=dev, graph_safe=True)

@@ -24,11 +24,13 @@ from __future__ import annotations
 import torch
 
 from quartet.kernels import gemm as G
-from quartet.kernels.triton_quant import mx_quantize, masked_inverse_hadamard
+from quartet.kernels.triton_quant import absmax_dual_fp8, masked_inverse_hadamard, mx_quantize
 
 ENGINES = ("hopper_fp8", "blackwell_mxfp4", "triton")
 #: how the FP8 fold picks each row's exponent ("exact" kernel pass or one-pass "bound"; see mx_quantize)
 ROW_EXP = "exact"
+#: quantize the output gradient for both backward GEMMs in one fused pass (hopper engine)
+DUAL_E = True
 
 
 def _signs(seed: int, device) -> torch.Tensor:
@@ -125,13 +127,20 @@ class QuartetLinearFn(torch.autograd.Function):
         signs = st.signs(e.device)
         dev = e.device
         kw = dict(rule="absmax", stochastic=st.stochastic, signs=signs)
+        if st.engine == "hopper_fp8" and DUAL_E and e.shape[0] % 32 == 0:
+            # both quantizations of E from one read per pass; Eᵀ gets e5m2's wider range (token axis)
+            qe, qet = absmax_dual_fp8(e, signs, stochastic=st.stochastic, seed=st.next_seed(dev))
+        else:
+            qe = qet = None
         # dX̂ = E Ŵ, reduced over out: E grouped along its rows, Ŵᵀ read from Ŵ's columns
-        qe = _q(e, st, axis=-1, seed=st.next_seed(dev), **kw)
+        if qe is None:
+            qe = _q(e, st, axis=-1, seed=st.next_seed(dev), **kw)
         qwt = _q(wh, st, axis=0, seed=st.next_seed(dev), in_scale=ws, **kw)
         dx = masked_inverse_hadamard(_mm(st, qe, qwt), mx_)
         # dŴ = Eᵀ X̂, reduced over tokens: both read column-wise; the gradient gets e5m2's wider range
-        fmt = {"fp8": "e5m2"} if st.engine == "hopper_fp8" else {}
-        qet = _q(e, st, axis=0, seed=st.next_seed(dev), **fmt, **kw)
+        if qet is None:
+            fmt = {"fp8": "e5m2"} if st.engine == "hopper_fp8" else {}
+            qet = _q(e, st, axis=0, seed=st.next_seed(dev), **fmt, **kw)
         qxt = _q(xh, st, axis=0, seed=st.next_seed(dev), in_scale=xs, **kw)
         st.add_flushed(qe, qwt, qet, qxt)
         dw = masked_inverse_hadamard(_mm(st, qet, qxt), mw, out_dtype=torch.float32)

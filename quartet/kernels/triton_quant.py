@@ -202,6 +202,91 @@ if HAS_TRITON:
                 tl.store(fp8_ptr + out_offs, f8, mask=inb)
 
     @triton.jit
+    def _absmax43_fold(y, er, sd, gid, STOCHASTIC: tl.constexpr, SHIFT: tl.constexpr, G: tl.constexpr):
+        """absmax×3/4 rounding of rotated groups y (G, 32) folded to FP8 against row exponents er (G,).
+
+        Returns (folded float32 values, group exponents e). Same arithmetic as ``_mx_quant_kernel``.
+        """
+        v = tl.max(tl.abs(y), axis=1)
+        e = ((v.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127 - 2
+        e = tl.where(v > 0.0, tl.maximum(e, -126), -2)
+        yq = (y * _exp2i(-e)[:, None]) * 0.75
+        a = tl.abs(yq)
+        if STOCHASTIC:
+            offs4 = gid[:, None] * 8 + tl.arange(0, 8)[None, :]
+            r0, r1, r2, r3 = tl.randint4x(sd, offs4)
+            rr = tl.reshape(tl.join(tl.join(r0, r1), tl.join(r2, r3)), (G, 32))
+            rnd = (rr >> 8).to(tl.float32) * 5.960464477539063e-08
+            inv = tl.where(a < 2.0, 2.0, tl.where(a < 4.0, 1.0, 0.5))
+            step = 1.0 / inv
+            lo = tl.floor(a * inv) * step
+            q = tl.minimum(tl.where(rnd < (a - lo) * inv, lo + step, lo), 6.0)
+        else:
+            q = tl.where(a > 5.0, 6.0, tl.where(a > 3.5, 4.0, tl.where(a > 2.5, 3.0, tl.where(
+                a > 1.75, 2.0, tl.where(a > 1.25, 1.5, tl.where(a > 0.75, 1.0, tl.where(a > 0.25, 0.5, 0.0)))))))
+        d = e - er + SHIFT
+        val = tl.where(yq < 0, -q, q) * _exp2i(tl.maximum(d, -126))[:, None]
+        return val, e
+
+    @triton.jit
+    def _absmax_dual_kernel(
+        x_ptr, T, C, signs_ptr, h_ptr, rowexp_r, rowexp_c, fp8_r, fp8_c, flush_ptr, seed,
+        MODE: tl.constexpr, STOCHASTIC: tl.constexpr, SEED_PTR: tl.constexpr, DOT_BF16: tl.constexpr,
+        SHIFT_R: tl.constexpr, SHIFT_C: tl.constexpr, BLOCK_C: tl.constexpr,
+    ):
+        """Both backward quantizations of E (T, C) from ONE read of each tile (32 tokens x BLOCK_C):
+        groups along C (for dX = E W, written (T, C)) and groups along T (for dW = Eᵀ X̂, written (C, T)).
+        MODE 2 gathers both row exponents, MODE 3 writes both FP8 operands."""
+        NJ: tl.constexpr = BLOCK_C // 32
+        pid_t = tl.program_id(0)
+        pid_c = tl.program_id(1)
+        t = pid_t * 32 + tl.arange(0, 32)
+        cc = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+        tmask = t < T
+        x = tl.load(x_ptr + t[:, None].to(tl.int64) * C + cc[None, :], mask=tmask[:, None], other=0.0)
+        j = tl.arange(0, 32)
+        h = tl.load(h_ptr + j[:, None] * 32 + j[None, :]) * tl.load(signs_ptr + j)[:, None]
+        if DOT_BF16:
+            hb = h.to(tl.bfloat16)
+            yr = tl.dot(tl.reshape(x, (32 * NJ, 32)).to(tl.bfloat16), hb, out_dtype=tl.float32)
+            yc = tl.dot(tl.trans(x).to(tl.bfloat16), hb, out_dtype=tl.float32)
+        else:
+            yr = tl.dot(tl.reshape(x, (32 * NJ, 32)).to(tl.float32), h, input_precision="ieee")
+            yc = tl.dot(tl.trans(x).to(tl.float32), h, input_precision="ieee")
+        yr = yr * 0.17677669529663687
+        yc = yc * 0.17677669529663687
+        # group ids: row-direction group (t, jj) and column-direction group (c, pid_t)
+        tr = pid_t * 32 + tl.arange(0, 32 * NJ) // NJ
+        kr = pid_c * BLOCK_C + (tl.arange(0, 32 * NJ) % NJ) * 32
+        if MODE == 2:
+            vr = tl.max(tl.abs(yr), axis=1)
+            er = ((vr.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127 - 2
+            er = tl.where(vr > 0.0, tl.maximum(er, -126), -2)
+            tl.atomic_max(rowexp_r + t, tl.max(tl.reshape(er, (32, NJ)), axis=1), mask=tmask)
+            vc = tl.max(tl.abs(yc), axis=1)
+            ec = ((vc.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127 - 2
+            ec = tl.where(vc > 0.0, tl.maximum(ec, -126), -2)
+            tl.atomic_max(rowexp_c + cc, ec)
+        else:
+            if SEED_PTR:
+                sd = tl.load(seed)
+            else:
+                sd = seed
+            val_r, _ = _absmax43_fold(yr, tl.load(rowexp_r + tr, mask=tr < T, other=0),
+                                      sd, tr * (C // 32) + kr // 32, STOCHASTIC, SHIFT_R, 32 * NJ)
+            f8r = val_r.to(fp8_r.dtype.element_ty)
+            nr = tl.sum(tl.sum(((f8r.to(tl.float32) != val_r) & (tr < T)[:, None]).to(tl.int32), axis=1), axis=0)
+            tl.store(fp8_r + tr[:, None].to(tl.int64) * C + kr[:, None] + j[None, :], f8r, mask=(tr < T)[:, None])
+            # column direction: another seed stream (sd + 1) so the two quantizations draw independently
+            val_c, _ = _absmax43_fold(yc, tl.load(rowexp_c + cc), sd + 1, cc * (T // 32) + pid_t,
+                                      STOCHASTIC, SHIFT_C, BLOCK_C)
+            f8c = val_c.to(fp8_c.dtype.element_ty)
+            nc = tl.sum(tl.sum((f8c.to(tl.float32) != val_c).to(tl.int32), axis=1), axis=0)
+            tl.store(fp8_c + cc[:, None].to(tl.int64) * T + (pid_t * 32 + j)[None, :], f8c,
+                     mask=((pid_t * 32 + j) < T)[None, :])
+            tl.atomic_add(flush_ptr, nr + nc)
+
+    @triton.jit
     def _masked_ihadamard_kernel(g_ptr, mask_ptr, h_ptr, out_ptr, R, K, scale,
                                  HAS_MASK: tl.constexpr, DOT_MODE: tl.constexpr,
                                  BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
@@ -421,6 +506,48 @@ def _row_exp_bound(x: torch.Tensor, axis: int, rule: str, hadamard: bool) -> tor
     if rule != "quest":
         e = e - 2
     return torch.where(v > 0, e, torch.full_like(e, -2)).to(torch.int32).contiguous()
+
+
+def absmax_dual_fp8(e: torch.Tensor, signs: torch.Tensor, *, stochastic: bool = False,
+                    seed: int | torch.Tensor = 0, fmt_rows: str = "e4m3", fmt_cols: str = "e5m2",
+                    block_c: int = 128) -> tuple[QuantizedOperand, QuantizedOperand]:
+    """Both Quartet-backward quantizations of a gradient ``E`` (T, C) from one read per pass.
+
+    Returns ``(Q(E) grouped along C, laid out (T, C); Q(Eᵀ) grouped along T, laid out (C, T))``, each
+    absmax×3/4 with the random-sign Hadamard ``signs``, folded into FP8 with exact per-row exponents
+    (a first pass gathers both sets of exponents, the second writes both operands). Equal to two
+    :func:`mx_quantize` calls (``axis=-1`` and ``axis=0``) except for the SR random streams.
+    """
+    if not HAS_TRITON:
+        raise RuntimeError("triton is not installed; the fused quantizers need it")
+    e = e.contiguous()
+    T, C = e.shape
+    if T % 32 or C % 32:
+        raise ValueError(f"both dims must be multiples of 32, got {tuple(e.shape)}")
+    dev = e.device
+    bc = block_c if dev.type == "cuda" else 32
+    while C % bc:
+        bc //= 2
+    (dt_r, sh_r, _), (dt_c, sh_c, _) = FP8_FORMATS[fmt_rows], FP8_FORMATS[fmt_cols]
+    rexp_r = torch.full((T,), -127, device=dev, dtype=torch.int32)
+    rexp_c = torch.full((C,), -127, device=dev, dtype=torch.int32)
+    f8r = torch.empty(T, C, device=dev, dtype=getattr(torch, dt_r))
+    f8c = torch.empty(C, T, device=dev, dtype=getattr(torch, dt_c))
+    flush = torch.zeros(1, device=dev, dtype=torch.int32)
+    sg = signs.to(device=dev, dtype=torch.float32).contiguous()
+    kw = dict(STOCHASTIC=bool(stochastic), SEED_PTR=isinstance(seed, torch.Tensor),
+              DOT_BF16=e.dtype == torch.bfloat16 and dev.type == "cuda", SHIFT_R=sh_r, SHIFT_C=sh_c,
+              BLOCK_C=bc, num_warps=4)
+    grid = (T // 32, C // bc)
+    h = _hmat(dev)
+    _absmax_dual_kernel[grid](e, T, C, sg, h, rexp_r, rexp_c, f8r, f8c, flush, seed, MODE=2, **kw)
+    _absmax_dual_kernel[grid](e, T, C, sg, h, rexp_r, rexp_c, f8r, f8c, flush, seed, MODE=3, **kw)
+    f = 4.0 / 3.0
+    qa = QuantizedOperand(fp8=f8r, rowexp=rexp_r, fp8_shift=sh_r, flushed=flush, factor=f,
+                          row_scale=(torch.exp2((rexp_r - sh_r).to(torch.float32)) * f).unsqueeze(1))
+    qb = QuantizedOperand(fp8=f8c, rowexp=rexp_c, fp8_shift=sh_c, flushed=None, factor=f,
+                          row_scale=(torch.exp2((rexp_c - sh_c).to(torch.float32)) * f).unsqueeze(1))
+    return qa, qb
 
 
 def masked_inverse_hadamard(g: torch.Tensor, mask: torch.Tensor | None, scale: float = 1.0,
