@@ -22,7 +22,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--selections", choices=("auto", "paper", "none"), default="auto",
                    help="row selections per precision: the paper notebook's (auto = only for --paper)")
     p.add_argument("--at-n", type=float, default=None, help="model size for the headline (default: largest base N)")
-    p.add_argument("--at-ratio", type=float, default=100.0, help="D/N for the headline (default 100)")
+    p.add_argument("--at-ratio", type=float, default=None,
+                   help="D/N for the headline (default: median D/N of the baseline runs; 100 for --paper)")
     p.add_argument("-v", "--verbose", action="store_true", help="log dropped runs and fit details")
 
 

@@ -176,10 +176,12 @@ def plot_residuals(report: FitReport, df: pd.DataFrame, out_dir: Path) -> list[P
     return _save(fig, out_dir, "residuals")
 
 
-def plot_breakeven(report: FitReport, out_dir: Path, ratio: float = 100.0) -> list[Path]:
-    """Break-even uniform speedup Z vs model size at D/N = ratio, per precision (the headline, plotted)."""
+def plot_breakeven(report: FitReport, out_dir: Path, ratio: float | None = None) -> list[Path]:
+    """Break-even uniform speedup Z vs model size at D/N = ratio (default: the headline's), per precision."""
+    at = report.provenance["options"]["headline_at"]
+    ratio = ratio or at["ratio"]
     fig, ax = plt.subplots(figsize=(6.8, 4.6))
-    n = np.geomspace(1e7, 1e11, 200)
+    n = np.geomspace(min(1e7, at["n"] / 10), 1e11, 200)
     for e in report.efficiencies:
         if not (np.isfinite(e.eff_n) and np.isfinite(e.eff_d)) or e.eff_n < 0.05 or e.eff_d < 0.05:
             continue
@@ -190,7 +192,9 @@ def plot_breakeven(report: FitReport, out_dir: Path, ratio: float = 100.0) -> li
         ax.plot(n, z, label=f"{e.scheme} (effN {e.eff_n:.2f}, effD {e.eff_d:.2f})")
     ax.axhline(1.0, color="k", lw=0.8)
     ax.axhline(2.0, color="grey", lw=0.8, ls=":")
-    ax.text(1.2e7, 2.03, "FP4 vs FP8 BOPS (2×)", fontsize=7, color="grey")
+    ax.axvline(at["n"], color="grey", lw=0.8, ls="--")
+    ax.text(at["n"] * 1.1, 3.85, "headline N", fontsize=7, color="grey")
+    ax.text(n[0] * 1.2, 2.03, "FP4 vs FP8 BOPS (2×)", fontsize=7, color="grey")
     ax.set_xscale("log")
     ax.set_ylim(0.8, 4.0)
     ax.set_xlabel("model size N")

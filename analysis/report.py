@@ -170,14 +170,15 @@ def _forecast(name: str, base: pd.DataFrame, held_mask: np.ndarray, law, delta: 
 
 def fit_all(df: pd.DataFrame, law: str = "busbridge", *, bootstrap: int = 0, seed: int = 0,
             selections: dict | str | None = "auto", base_label: str = BASE_LABEL, delta: float = HUBER_DELTA,
-            at_n: float | None = None, at_ratio: float = 100.0, forecasts: bool = True,
+            at_n: float | None = None, at_ratio: float | None = None, forecasts: bool = True,
             progress: bool = False) -> FitReport:
     """Fit the base law and every precision's efficiencies; bootstrap, forecasts, headlines, provenance.
 
     ``selections``: ``"auto"`` applies :data:`PAPER_SELECTIONS` to the bundled paper grid only,
     ``"paper"`` always, ``None`` never, or a dict (forward, backward) -> query string.
     ``at_n`` / ``at_ratio``: where the headline's break-even speedup is evaluated (default: the largest
-    base model at D/N = 100).
+    base model at the median D/N of the base runs, rounded to 2 significant digits — 100 for the
+    paper's grid — so the headline stays inside the data's budget range).
     """
     t0 = time.perf_counter()
     lw = get_law(law)
@@ -269,6 +270,9 @@ def fit_all(df: pd.DataFrame, law: str = "busbridge", *, bootstrap: int = 0, see
 
     # ---- headlines.
     ref_n = float(at_n) if at_n else float(base_df["n_params"].max())
+    if not at_ratio:
+        med = float(np.median(base_df["tokens"] / base_df["n_params"]))
+        at_ratio = float(f"{med:.2g}")
     heads = tuple(headline(e.scheme, base.params, e.eff_n, e.eff_d, ref_n, at_ratio)
                   for e in effs if np.isfinite(e.eff_n) and np.isfinite(e.eff_d))
     provenance = {
