@@ -302,8 +302,10 @@ def compose(overrides: list[str] | None = None, conf_dir: str | Path | None = No
             if option not in opts:
                 raise ConfigError(f"{group}={option}: unknown {group}; allowed: {', '.join(opts)}")
     register_configs()
-    if GlobalHydra.instance().is_initialized():
-        GlobalHydra.instance().clear()
+    # Inside a running Hydra app (e.g. a hydra-submitit job) GlobalHydra is taken: set it aside and
+    # put it back afterwards, so composing a run config never disturbs the caller's Hydra.
+    outer = GlobalHydra.instance().hydra if GlobalHydra.instance().is_initialized() else None
+    GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
             cfg = hydra_compose(config_name=config_name, overrides=overrides)
@@ -311,6 +313,10 @@ def compose(overrides: list[str] | None = None, conf_dir: str | Path | None = No
         raise
     except Exception as exc:  # hydra.errors.*, omegaconf.errors.*: rephrase to one line
         raise _rephrase(exc, overrides, conf_dir) from exc
+    finally:
+        if outer is not None:
+            GlobalHydra.instance().clear()
+            GlobalHydra.instance().initialize(outer)
     return cfg
 
 

@@ -173,8 +173,16 @@ def load_hf_tokenizer(name: str):
     """A pretrained tokenizer by Hugging Face name (network or HF cache), e.g. meta-llama/Llama-2-7b-hf."""
     from tokenizers import Tokenizer
 
+    token = os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN")
+    if token is None:  # a `huggingface-cli login` token, when the hub client is installed
+        try:
+            from huggingface_hub import get_token
+
+            token = get_token()
+        except Exception:  # noqa: BLE001 - no hub client / no token: try anonymously
+            token = None
     try:
-        return Tokenizer.from_pretrained(name)
+        return Tokenizer.from_pretrained(name, token=token) if token else Tokenizer.from_pretrained(name)
     except Exception as exc:  # noqa: BLE001 - any hub/network failure is the same user problem
         raise DataError(f"data.tokenizer_name={name!r}: could not load it ({type(exc).__name__}: "
                         f"{str(exc).splitlines()[0][:160]}); log in with `huggingface-cli login` or use tokenizer=bpe") from exc

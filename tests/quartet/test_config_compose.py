@@ -152,3 +152,15 @@ def test_cli_print_config_shows_derived_values(tmp_path):
     assert "steps: 2861" in text and "warmup_steps: 286" in text and "n_params: 30482560" in text
     assert "# run_id: llama_30m-dn25-bf16-s0-" in text
     assert not list(tmp_path.rglob("*"))  # printing writes nothing
+
+
+def test_compose_leaves_an_outer_hydra_alone():
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from quartet.paths import CONF_DIR
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        before = GlobalHydra.instance().config_loader()
+        assert compose(["model=llama_30m"]).model.name == "llama_30m"
+        assert GlobalHydra.instance().is_initialized() and GlobalHydra.instance().config_loader() is before

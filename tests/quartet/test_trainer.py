@@ -50,8 +50,9 @@ def test_run_writes_contract_files_and_loss_falls(tiny_cfg):
     assert again["val_loss"] == summary["val_loss"] and len(rows(d)) == len(rows(d))
 
 
-def test_resume_equals_uninterrupted_run_exactly(tiny_cfg, tmp_path):
-    over = ["optim.micro_batch_size=4", "logging.val_every=4", "logging.val_batches=2"]
+@pytest.mark.parametrize("precision", ["bf16", "quartet"])
+def test_resume_equals_uninterrupted_run_exactly(tiny_cfg, tmp_path, precision):
+    over = ["optim.micro_batch_size=4", "logging.val_every=4", "logging.val_batches=2", f"precision={precision}"]
     full_cfg = tiny_cfg(*over)
     Trainer(full_cfg).run()
     full = rows(run_dir(full_cfg))
