@@ -310,6 +310,28 @@ def scheme_kind(forward: str, backward: str, base_label: str = "bf16") -> str:
     return "joint"
 
 
+def _split_eff(x, kind: str) -> tuple[float, float]:
+    if kind == "forward":
+        return x[0], 0.0
+    if kind == "backward":
+        return 0.0, x[0]
+    return x[0], x[1]
+
+
+def eff_residuals_and_jac(raw: np.ndarray, log_n, log_d, log_obs, x, kind: str, jac: bool = True):
+    """Stage-2 residuals and Jacobian w.r.t. x = (ln effN and/or ln effD), base ``raw`` frozen.
+
+    ln N' = ln N + ln effN, so ∂r/∂(ln effN) = −α·∂r/∂a; likewise ∂r/∂(ln effD) = −β·∂r/∂b.
+    """
+    xn, xd = _split_eff(x, kind)
+    r, jr = residuals_and_jac(raw, log_n + xn, log_d + xd, log_obs, free=(0, 2), jac=jac)
+    if not jac:
+        return r, None
+    cols = {"n": -raw[1] * jr[:, 0], "d": -raw[3] * jr[:, 1]}
+    use = {"forward": ("n",), "backward": ("d",), "joint": ("n", "d")}[kind]
+    return r, np.stack([cols[c] for c in use], axis=-1)
+
+
 def fit_efficiency(base: BaseFit | dict, n, d, loss, kind: str, *, scheme: str = "", forward: str = "",
                    backward: str = "", delta: float = HUBER_DELTA, run_ids=(), starts=None) -> EffFit:
     """Stage 2: fit effN (``kind='forward'``), effD (``'backward'``) or both (``'joint'``), base frozen.
@@ -326,27 +348,16 @@ def fit_efficiency(base: BaseFit | dict, n, d, loss, kind: str, *, scheme: str =
         raise AnalysisError(f"too few points for a {kind} efficiency fit of {scheme or 'this precision'}: "
                             f"{log_obs.size} points for {k} parameters")
     raw = np.asarray(base.raw if isinstance(base, BaseFit) else base, dtype=float)
-    alpha, beta = raw[1], raw[3]
     lo, hi = np.log(EFF_BOUNDS[0]), np.log(EFF_BOUNDS[1])
 
     def split(x):
-        if kind == "forward":
-            return x[0], 0.0
-        if kind == "backward":
-            return 0.0, x[0]
-        return x[0], x[1]
+        return _split_eff(x, kind)
 
     def fun(x):
-        xn, xd = split(x)
-        return residuals_and_jac(raw, log_n + xn, log_d + xd, log_obs, jac=False)[0]
+        return eff_residuals_and_jac(raw, log_n, log_d, log_obs, x, kind, jac=False)[0]
 
     def jac(x):
-        xn, xd = split(x)
-        _, jr = residuals_and_jac(raw, log_n + xn, log_d + xd, log_obs, free=(0, 2))
-        # ln N' = ln N + x, so ∂r/∂x = −α·∂r/∂a (and likewise β·∂r/∂b for y).
-        cols = {"n": -alpha * jr[:, 0], "d": -beta * jr[:, 1]}
-        use = {"forward": ("n",), "backward": ("d",), "joint": ("n", "d")}[kind]
-        return np.stack([cols[c] for c in use], axis=-1)
+        return eff_residuals_and_jac(raw, log_n, log_d, log_obs, x, kind)[1]
 
     if starts is not None:
         pick = {"forward": [0], "backward": [1], "joint": [0, 1]}[kind]
