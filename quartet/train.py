@@ -204,6 +204,13 @@ class Trainer:
         if int(cfg.run.threads) > 0:
             torch.set_num_threads(int(cfg.run.threads))
         self.dist = qdist.setup(dev_type)
+        try:
+            self._build(cfg, dev_type)
+        except BaseException:
+            qdist.teardown(self.dist)  # a bad input must not leave a process group behind
+            raise
+
+    def _build(self, cfg: DictConfig, dev_type: str) -> None:
         self.res: ResolvedRun = resolve(cfg, self.dist.world_size)
         self.device = torch.device(dev_type, self.dist.local_rank) if dev_type == "cuda" else torch.device("cpu")
         self.is_main = self.dist.is_main
@@ -550,7 +557,7 @@ class Trainer:
                         row.update(self.quant.collect_stats(self.model))
                 elif int(lcfg.val_every) > 0 and s % int(lcfg.val_every) == 0 and s != r.steps:
                     row = {"step": s, "tokens": s * r.tokens_per_step, "loss": loss_v, "lr": lr, "grad_norm": gn_v,
-                           "tokens_per_s": float("nan"), "elapsed_s": self.elapsed_prev + time.time() - self._t_start,
+                           "tokens_per_s": None, "elapsed_s": self.elapsed_prev + time.time() - self._t_start,
                            "val_loss": self.evaluate(int(lcfg.val_batches))}
                 if row is not None and self.is_main:
                     metrics.write(json.dumps(row) + "\n")
