@@ -212,7 +212,8 @@ def plot_optimal_precision(report: FitReport, out_dir: Path, fp4: tuple[str, flo
     cmap = ListedColormap([OPTION_COLORS[o] for o in OPTIONS])
     for ax, sp, title in zip(axes, ("bops", "rtx5090"), ("speedups by BOPS (Table 1)", "measured RTX 5090 speedups")):
         m = optimal_map(report.base.params, (en, ed), speedups=sp, resolution=resolution)
-        ax.pcolormesh(m.n_max, m.ratio, m.best, cmap=cmap, vmin=-0.5, vmax=len(OPTIONS) - 0.5, shading="auto")
+        ax.pcolormesh(m.n_max, m.ratio, m.best, cmap=cmap, vmin=-0.5, vmax=len(OPTIONS) - 0.5, shading="auto",
+                      rasterized=True)  # a bitmap inside the PDF: small and fast to write
         for name, n, d in MODEL_POINTS:
             ax.scatter(n, d / n, color="k", s=18, zorder=3)
             ax.annotate(name, (n, d / n), textcoords="offset points", xytext=(4, 3), fontsize=7)
@@ -224,7 +225,10 @@ def plot_optimal_precision(report: FitReport, out_dir: Path, fp4: tuple[str, flo
     axes[0].set_ylabel("D_max / N_max (tokens per parameter)")
     handles = [Patch(color=OPTION_COLORS[o], label=o) for o in OPTIONS]
     axes[1].legend(handles=handles, fontsize=8, loc="lower right", title="fwd:bwd")
-    fig.suptitle(f"Optimal precision (FP4 = {label}: effN {en:.3f}, effD {ed:.3f}; FP8 lossless)", fontsize=10)
+    n_fit = max(report.provenance["options"]["headline_at"]["n"], 1.0)
+    extrap = f"; law fitted up to N = {_fmt_n(n_fit)}" + (" (far extrapolation)" if n_fit < 1e7 else "")
+    fig.suptitle(f"Optimal precision (FP4 = {label}: effN {en:.3f}, effD {ed:.3f}; FP8 lossless{extrap})",
+                 fontsize=10)
     return _save(fig, out_dir, "optimal_precision")
 
 
