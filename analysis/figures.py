@@ -225,7 +225,7 @@ def plot_optimal_precision(report: FitReport, out_dir: Path, fp4: tuple[str, flo
     axes[0].set_ylabel("D_max / N_max (tokens per parameter)")
     handles = [Patch(color=OPTION_COLORS[o], label=o) for o in OPTIONS]
     axes[1].legend(handles=handles, fontsize=8, loc="lower right", title="fwd:bwd")
-    n_fit = max(report.provenance["options"]["headline_at"]["n"], 1.0)
+    n_fit = report.provenance["base_range"]["n_max"]
     extrap = f"; law fitted up to N = {_fmt_n(n_fit)}" + (" (far extrapolation)" if n_fit < 1e7 else "")
     fig.suptitle(f"Optimal precision (FP4 = {label}: effN {en:.3f}, effD {ed:.3f}; FP8 lossless{extrap})",
                  fontsize=10)

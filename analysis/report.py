@@ -281,6 +281,9 @@ def fit_all(df: pd.DataFrame, law: str = "busbridge", *, bootstrap: int = 0, see
         "options": {"huber_delta": delta, "bootstrap": bootstrap, "seed": seed, "base_label": base_label,
                     "selections": {f"{k[0]}:{k[1]}": v for k, v in (selections or {}).items()},
                     "starts": int(base.multistart.n_starts), "headline_at": {"n": ref_n, "ratio": at_ratio}},
+        "base_range": {"n_min": float(base_df["n_params"].min()), "n_max": float(base_df["n_params"].max()),
+                       "ratio_min": float((base_df["tokens"] / base_df["n_params"]).min()),
+                       "ratio_max": float((base_df["tokens"] / base_df["n_params"]).max())},
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
     return FitReport(base=base, efficiencies=tuple(effs), base_intervals=base_int, eff_intervals=eff_int,
