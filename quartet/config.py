@@ -289,7 +289,9 @@ def compose(overrides: list[str] | None = None, conf_dir: str | Path | None = No
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    overrides = list(overrides or [])
+    # Every group is in train.yaml's defaults (cluster as null), so `+group=x` means `group=x`.
+    overrides = [o[1:] if re.match(r"\+(\w+)=", o) and o[1:].split("=")[0] in _GROUPS + ("cluster",) else o
+                 for o in (overrides or [])]
     conf_dir = Path(conf_dir or CONF_DIR).resolve()
     if not (conf_dir / f"{config_name}.yaml").is_file():
         raise ConfigError(f"config: {conf_dir / (config_name + '.yaml')} does not exist; set QUARTET_CONF to the conf/ folder")

@@ -164,3 +164,13 @@ def test_compose_leaves_an_outer_hydra_alone():
         before = GlobalHydra.instance().config_loader()
         assert compose(["model=llama_30m"]).model.name == "llama_30m"
         assert GlobalHydra.instance().is_initialized() and GlobalHydra.instance().config_loader() is before
+
+
+def test_cluster_group_is_optional_and_selectable():
+    assert compose([]).cluster is None
+    assert compose(["cluster=local"]).cluster is not None
+    assert compose(["+cluster=local"]).cluster == compose(["cluster=local"]).cluster
+    with pytest.raises(ConfigError, match="cluster=nope: unknown cluster; allowed: local"):
+        compose(["cluster=nope"])
+    # cluster settings never change the run id
+    assert run_id(compose(["cluster=local"])) == run_id(compose([]))
