@@ -170,3 +170,26 @@ def test_corrupt_data_fails_before_anything_is_written(tiny_cfg, tmp_path):
     with pytest.raises(DataError, match="val-00000.bin has"):
         Trainer(cfg)
     assert not run_dir(cfg).exists()
+
+
+def test_crash_then_rerun_resumes_from_last_checkpoint_without_duplicate_rows(tiny_cfg, tmp_path):
+    cfg = tiny_cfg("logging.ckpt_every=4")
+    ref_cfg = tiny_cfg("logging.ckpt_every=4", f"run.out_dir={tmp_path / 'ref'}")
+    Trainer(ref_cfg).run()
+
+    def crash(trainer, row):
+        if row["step"] == 6:
+            raise RuntimeError("node died")
+
+    t = Trainer(cfg)
+    t.callbacks.append(crash)
+    with pytest.raises(RuntimeError, match="node died"):
+        t.run()
+    d = run_dir(cfg)
+    assert json.loads((d / "state.json").read_text())["state"] == "failed"
+    assert "node died" in (d / "error.txt").read_text()
+    assert ckpt_io.load(d / "ckpt" / "last.pt")["step"] == 4
+    Trainer(cfg).run()
+    got, ref = rows(d), rows(run_dir(ref_cfg))
+    assert [r["step"] for r in got] == [r["step"] for r in ref]  # rows 5, 6 were dropped and recomputed
+    assert [r.get("loss") for r in got] == [r.get("loss") for r in ref]
