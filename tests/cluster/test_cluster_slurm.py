@@ -26,7 +26,9 @@ axes:
   budget.tokens: {budgets}
   precision: [bf16]
 fixed:
-  model: llama_nano
+  model: {model}
+  model.seq_len: 64
+  optim.batch_size: 8
   budget: tokens
   data: shakespeare_small
   logging: quiet
@@ -35,9 +37,9 @@ fixed:
 """
 
 
-def write_sweep(tmp_path: Path, name: str, budgets: list[int], ckpt_every: int = 0) -> str:
+def write_sweep(tmp_path: Path, name: str, budgets: list[int], ckpt_every: int = 0, model: str = "llama_nano") -> str:
     path = tmp_path / f"{name}.yaml"
-    path.write_text(SWEEP.format(name=name, budgets=json.dumps(budgets), ckpt_every=ckpt_every))
+    path.write_text(SWEEP.format(name=name, budgets=json.dumps(budgets), ckpt_every=ckpt_every, model=model))
     return str(path)
 
 
@@ -95,7 +97,7 @@ def test_sweep_goes_out_as_job_array_and_relaunch_is_idempotent(tmp_path, capsys
 
 
 def test_preemption_checkpoints_requeues_and_matches_uninterrupted(tmp_path, capsys):
-    budget = [512 * 400]
+    budget = [512 * 600]
     ref_root, root = tmp_path / "ref", tmp_path / "runs"
     path = write_sweep(tmp_path, "pre", budget)
     assert sweep_main([path, "--runs-dir", str(root)]) == 0
@@ -115,13 +117,15 @@ def test_preemption_checkpoints_requeues_and_matches_uninterrupted(tmp_path, cap
     ref_done = wait_for(lambda: summary(ref), 60, "the reference run to finish")
     log = (run / "train.log").read_text()
     assert f"from step {stopped_at}/" in log, "the requeued job must resume from the checkpoint"
-    assert done["steps"] == ref_done["steps"] == 400
+    assert done["steps"] == ref_done["steps"] == 600
     assert abs(done["val_loss"] - ref_done["val_loss"]) <= 1e-6, (done["val_loss"], ref_done["val_loss"])
 
 
 def test_scancel_marks_cancelled_and_relaunch_resumes(tmp_path, capsys):
     root = tmp_path / "runs"
-    path = write_sweep(tmp_path, "can", [512 * 400], ckpt_every=20)
+    # scancel sends SIGTERM, which submitit ignores, and SIGKILL KillWait (5 s) later: the run must
+    # still have well over 5 s to go when it is cancelled, hence the slower tiny model here
+    path = write_sweep(tmp_path, "can", [512 * 400], ckpt_every=20, model="llama_tiny")
     assert sweep_main([path, "--runs-dir", str(root)]) == 0
     (run,) = run_dirs(root, "can")
     job = job_of(run)
