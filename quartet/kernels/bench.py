@@ -164,10 +164,6 @@ def bench_linear(shapes=LINEAR_SHAPES) -> dict:
                     torch.cuda.synchronize()
                     row[key + "_flushed_per_step"] = int(lin.state.flushed.item()) if lin.state.flushed is not None else 0
         LIN.ROW_EXP = "exact"
-        LIN.DUAL_E = False
-        lin = QuartetLinear(K, N, engine="hopper_fp8", stochastic=False, device=dev, graph_safe=True)
-        row["quartet_hopper_fp8_rtn_graph_nodual_ms"] = _bench(_graph(lambda: lin(x).backward(e), (x, lin.weight)))
-        LIN.DUAL_E = True
         # the same layers captured in CUDA graphs (launch overhead removed; fresh device seeds per replay)
         for sr in (False, True):
             lin = QuartetLinear(K, N, engine="hopper_fp8", stochastic=sr, device=dev, graph_safe=True)
@@ -232,18 +228,54 @@ def _profile(fn, top: int = 14) -> list[dict]:
 
 
 # ---------------------------------------------------------------------------------------------- step
-def _convert(model, engine: str, stochastic: bool):
+def _convert(model, engine: str, stochastic: bool, graph_safe: bool = False):
     from quartet.kernels.linear import QuartetLinear
     from quartet.model import BlockLinear
 
     for name, mod in list(model.named_modules()):
         for cname, child in list(mod.named_children()):
             if isinstance(child, BlockLinear):
-                setattr(mod, cname, QuartetLinear.from_linear(child, engine=engine, stochastic=stochastic))
+                setattr(mod, cname, QuartetLinear.from_linear(child, engine=engine, stochastic=stochastic,
+                                                              graph_safe=graph_safe))
     return model
 
 
-def bench_step(models=("100m", "800m"), batch: int = 32, seq: int = 512, vocab: int = 32000) -> dict:
+def _graphed_step(name: str, precision: str, batch: int, seq: int, vocab: int) -> float:
+    """The same optimizer step captured whole in a CUDA graph (capturable fused AdamW, device RNG)."""
+    from quartet.model import Llama
+
+    dev = "cuda"
+    torch.manual_seed(0)
+    model = Llama(vocab_size=vocab, seq_len=seq, device=dev, **MODELS[name])
+    if precision == "quartet":
+        _convert(model, "hopper_fp8", stochastic=False, graph_safe=True)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True, capturable=True)
+    idx = torch.randint(0, vocab, (batch, seq), device=dev)
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
+            loss = model(idx, idx)
+        loss.backward()
+        opt.step()
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            opt.zero_grad(set_to_none=True)
+            step()
+    torch.cuda.current_stream().wait_stream(s)
+    opt.zero_grad(set_to_none=True)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        step()
+    ms = _bench(g.replay, warmup=50, rep=300)
+    del g, model, opt
+    return ms
+
+
+def bench_step(models=("100m", "800m"), batch: int = 32, seq: int = 512, vocab: int = 32000,
+               graphs: bool = True) -> dict:
     """One optimizer step (fwd + bwd + AdamW) under bf16 autocast, tokens/s and peak memory."""
     from quartet.model import Llama
 
@@ -276,7 +308,20 @@ def bench_step(models=("100m", "800m"), batch: int = 32, seq: int = 512, vocab: 
             row[f"{precision}_peak_GiB"] = torch.cuda.max_memory_allocated() / 2**30
             del model, opt
             torch.cuda.empty_cache()
+            if graphs:
+                try:
+                    row[f"{precision}_graph_ms"] = _graphed_step(name, precision, batch, seq, vocab)
+                except Exception as exc:  # report, do not lose the eager numbers
+                    row[f"{precision}_graph_error"] = f"{type(exc).__name__}: {exc}"[:300]
+                torch.cuda.empty_cache()
         row["ratio"] = row["quartet_ms"] / row["bf16_ms"]
+        if "quartet_graph_ms" in row and "bf16_graph_ms" in row:
+            row["graph_ratio"] = row["quartet_graph_ms"] / row["bf16_graph_ms"]
+            _log(f"  step {name} graphed: bf16 {row['bf16_graph_ms']:.1f} ms | quartet {row['quartet_graph_ms']:.1f} ms"
+                 f" | {row['graph_ratio']:.2f}x")
+        for k in ("bf16_graph_error", "quartet_graph_error"):
+            if k in row:
+                _log(f"  step {name} {k}: {row[k]}")
         _log(f"  step {name}: bf16 {row['bf16_ms']:.1f} ms ({row['bf16_tokens_per_s']:.0f} tok/s, "
              f"{row['bf16_peak_GiB']:.1f} GiB) | quartet {row['quartet_ms']:.1f} ms "
              f"({row['quartet_tokens_per_s']:.0f} tok/s, {row['quartet_peak_GiB']:.1f} GiB) | {row['ratio']:.2f}x")

@@ -29,8 +29,9 @@ from quartet.kernels.triton_quant import absmax_dual_fp8, masked_inverse_hadamar
 ENGINES = ("hopper_fp8", "blackwell_mxfp4", "triton")
 #: how the FP8 fold picks each row's exponent ("exact" kernel pass or one-pass "bound"; see mx_quantize)
 ROW_EXP = "exact"
-#: quantize the output gradient for both backward GEMMs in one fused pass (hopper engine)
-DUAL_E = True
+#: quantize the output gradient for both backward GEMMs in one fused pass (hopper engine). Off: the
+#: dual kernel agrees with the oracle in Triton's CPU interpreter but not yet on the H200 (see docs/kernels.md)
+DUAL_E = False
 
 
 def _signs(seed: int, device) -> torch.Tensor:
