@@ -12,7 +12,7 @@ import json
 import logging
 import subprocess
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +20,7 @@ import pandas as pd
 
 from analysis.errors import AnalysisError
 from analysis.fit import BaseFit, EffFit, HUBER_DELTA, fit_base, fit_efficiency, scheme_kind
-from analysis.laws import PARAM_NAMES, get_law, params_to_raw, predict
+from analysis.laws import PARAM_NAMES, get_law, predict
 from analysis.load import BASE_LABEL
 from analysis.speed import headline
 

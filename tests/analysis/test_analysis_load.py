@@ -2,11 +2,8 @@
 from __future__ import annotations
 
 import json
-import math
-import os
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pytest
 
