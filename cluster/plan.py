@@ -125,7 +125,6 @@ def build_plan(spec: SweepSpec, profile: ClusterProfile, runs_root: Path, extra:
     """
     from quartet.config import resolve
     from quartet.runs import run_dir as run_dir_of
-    from quartet.runs import run_id as run_id_of
 
     runs_root = Path(runs_root).resolve()
     extra = list(extra or [])
@@ -145,8 +144,8 @@ def build_plan(spec: SweepSpec, profile: ClusterProfile, runs_root: Path, extra:
             resources = resources_for(profile, res.n_params)
             if resources.gpus > 1:  # the batch must split over the data-parallel ranks too
                 resolve(cfg.copy(), world_size=resources.gpus)
-            rid = run_id_of(cfg)
-            rdir = run_dir_of(cfg)
+            rdir = Path(run_dir_of(cfg))
+            rid = rdir.name  # run_dir ends in run_id(cfg); computing it twice costs a second resolve
         except QuartetError as exc:
             errors.append(f"run [{point.label}]: {_one_line(exc)}")
             continue

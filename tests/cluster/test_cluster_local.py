@@ -105,6 +105,24 @@ def test_crashing_run_is_failed_with_traceback_others_finish(tmp_path, sweep_fil
     assert "1 done, 1 failed" in out and "to submit: 1" in out
 
 
+def test_two_concurrent_launches_train_each_run_once(tmp_path, sweep_file):
+    """Two `quartet sweep` processes started together: every run is trained by exactly one of them."""
+    root = tmp_path / "runs"
+    cmd = [sys.executable, "-m", "cluster.launch", sweep_file, "--runs-dir", str(root)]
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)
+             for _ in range(2)]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    group = root / "tsmoke"
+    runs = [p for p in group.iterdir() if p.is_dir()]
+    assert len(runs) == 4 and all((r / "summary.json").exists() for r in runs)
+    for r in runs:  # one training start per run, whichever launcher got it
+        assert (r / "train.log").read_text().count("INFO run ") == 1, r.name
+    trained = sum(int(o.split(" completed,")[0].rsplit(": ", 1)[-1]) for o in outs if " completed," in o)
+    assert trained == 4, outs
+
+
 def test_cli_dispatch_dry_run_smoke(tmp_path):
     """`quartet sweep smoke --dry-run` through the console script: 27 runs, nothing written."""
     exe = Path(sys.executable).with_name("quartet")
