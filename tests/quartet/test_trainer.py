@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import torch
@@ -113,6 +114,7 @@ def test_wandb_offline_id_is_reused_on_resume(tiny_cfg):
     d = run_dir(cfg)
     wid = (d / "wandb_id").read_text().strip()
     assert len(wid) == 8
+    time.sleep(1.1)  # wandb names offline folders by the second: keep the two sessions apart
     Trainer(cfg).run()
     assert (d / "wandb_id").read_text().strip() == wid
     runs = sorted((d / "wandb").glob("offline-run-*"))
