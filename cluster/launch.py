@@ -266,6 +266,13 @@ def cli_main(argv: list[str] | None = None) -> int:
         console.print("dry run: nothing written, nothing submitted")
         return 0
     todo = plan.pending()
+    if todo and plan.profile.kind == "slurm":
+        from cluster import slurm
+
+        if not slurm.available():
+            print(f"quartet sweep: error: profile {plan.profile.name} needs Slurm (sbatch/squeue not found on PATH); "
+                  f"run this on a login node, or use --dry-run / --cluster local", file=sys.stderr)
+            return 2
     if not todo:
         console.print(f"nothing to submit: all {len(plan.runs)} runs are done or running (quartet status {plan.spec.name})")
         return 0

@@ -241,3 +241,11 @@ def test_status_cli(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "2 runs: 1 failed, 1 completed" in out and "ValueError: boom" in out and "3.2500" in out
     assert status_main(["nope", "--runs-dir", str(tmp_path / "runs")]) == 1
+
+
+def test_slurm_profile_without_slurm_submits_nothing(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch / squeue
+    runs = tmp_path / "runs"
+    assert sweep_main([str(write_sweep(tmp_path)), "--cluster", "slurm_local", "--runs-dir", str(runs)]) == 2
+    assert "needs Slurm" in capsys.readouterr().err
+    assert not runs.exists()
