@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from quartet.kernels import gemm as G
-from quartet.kernels.triton_quant import HAS_TRITON, mx_quantize
+from quartet.kernels.triton_quant import HAS_TRITON, masked_inverse_hadamard, mx_quantize
 
 _RULE = {"quest": "quest", "absmax": "absmax", "ocp": "rtn_absmax"}
 
@@ -22,6 +22,12 @@ def _base():
     from quartet.quant.backend import Backend  # late import: the seam imports this package lazily
 
     return Backend
+
+
+def make_backend(name: str):
+    """An instance of the kernel backend ``name`` without the device check (tests, the CPU interpreter)."""
+    triton_cls, hopper_cls, blackwell_cls = _make_classes()
+    return {"triton": triton_cls, "hopper_fp8": hopper_cls, "blackwell_mxfp4": blackwell_cls}[name]()
 
 
 def _make_classes():
@@ -77,6 +83,12 @@ def _make_classes():
 
         def gemm(self, a, b):
             return G.bf16_mm(a.data, b.data, out_dtype=torch.float32)
+
+        def transform(self, x, block, signs=None, inverse=False):
+            # the fixed-H inverse rotation of gradients runs as one fused kernel; the rest as the oracle
+            if inverse and signs is None and block == 32 and x.dim() == 2 and x.is_cuda:
+                return masked_inverse_hadamard(x, None, out_dtype=torch.float32)
+            return super().transform(x, block, signs, inverse)
 
         def describe(self, device):
             return f"{self.name}: fused Triton Hadamard+MXFP4 quantizers, BF16 GEMM on dequantized values, on {device}"

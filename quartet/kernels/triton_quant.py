@@ -114,8 +114,19 @@ if HAS_TRITON:
             if HAS_SIGNS:
                 sg = tl.load(signs_ptr + c)
                 h = h * sg[:, None]  # diag(s) @ H: still ±1, so the products stay exact
-            if DOT_BF16:
+            if DOT_BF16 == 1:
                 y = tl.dot(xg.to(tl.bfloat16), h.to(tl.bfloat16), out_dtype=tl.float32)
+            elif DOT_BF16 == 2:
+                # float32 input on the GPU: three bf16 slices hold all 24 bits; each ±1 dot is exact
+                hb = h.to(tl.bfloat16)
+                x32 = xg.to(tl.float32)
+                b1 = x32.to(tl.bfloat16)
+                r1 = x32 - b1.to(tl.float32)
+                b2 = r1.to(tl.bfloat16)
+                b3 = (r1 - b2.to(tl.float32)).to(tl.bfloat16)
+                y = tl.dot(b1, hb, out_dtype=tl.float32)
+                y += tl.dot(b2, hb, out_dtype=tl.float32)
+                y += tl.dot(b3, hb, out_dtype=tl.float32)
             else:
                 y = tl.dot(xg.to(tl.float32), h.to(tl.float32), input_precision="ieee")
             y = y * 0.17677669529663687
@@ -448,7 +459,9 @@ def mx_quantize(
     common = dict(SEED_PTR=seed_ptr,
         RULE=RULES[rule], STOCHASTIC=bool(stochastic), HADAMARD=bool(hadamard), HAS_SIGNS=signs is not None,
         # bf16 tensor-core dot on the GPU (exact: ±1 weights); the CPU interpreter has no bf16 dot
-        DOT_BF16=(x.dtype == torch.bfloat16 or in_scale is not None) and dev.type == "cuda",
+        # tensor-core dots on the GPU: bf16 (exact for bf16/FP8 inputs), three bf16 slices for float32;
+        # the CPU interpreter has no bf16 dot and uses an IEEE float32 dot
+        DOT_BF16=(0 if dev.type != "cuda" else 1 if (x.dtype == torch.bfloat16 or in_scale is not None) else 2),
         IN_SCALE=in_mode, COL_ORDER=(s_r == 1 and s_k != 1), BLOCK_R=br, BLOCK_K=bk, num_warps=warps,
     )
     mask_t = out.mask.view(torch.int8) if mask else dummy

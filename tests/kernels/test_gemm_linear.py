@@ -120,3 +120,32 @@ def test_backend_seam_on_gpu():
         assert _rel(out, qa.values.double() @ qb.values.double().t()) < (1e-4 if name == "hopper_fp8" else 4e-3)
     with pytest.raises(Exception, match="nvfp4|MX quantizers"):
         get_backend("hopper_fp8", dev, [QuantizerSpec("nvfp4", group=16)])
+
+
+@pytest.mark.parametrize("scheme", ["quartet", "quest_fwd", "rtn_bwd"])
+def test_seam_quantlinear_with_triton_backend_matches_reference(scheme):
+    """The quantization library's QuantLinear driven by the kernel backend equals the reference backend
+    (RTN schemes: same quantized values; GEMMs differ only by bf16 vs float32 accumulation)."""
+    from quartet.kernels.backends import make_backend
+    from quartet.quant.backend import ReferenceBackend
+    from quartet.quant.linear import QuantLinear
+    from quartet.quant.config import PrecisionConfig
+    from quartet.quant.schemes import build_scheme
+
+    sch = build_scheme(PrecisionConfig(name=scheme))
+    g = torch.Generator().manual_seed(2)
+    w = torch.nn.Parameter((torch.randn(64, 96, generator=g) * 0.1).bfloat16().float())
+    x = torch.randn(32, 96, generator=g).bfloat16().float()
+    e = torch.randn(32, 64, generator=g).bfloat16().float()
+    outs = []
+    for be in (make_backend("triton"), ReferenceBackend()):
+        w.grad = None
+        layer = QuantLinear(w, sch, be, seed=5)
+        xd = x.clone().to(DEV).requires_grad_(True) if DEV == "cuda" else x.clone().requires_grad_(True)
+        if DEV == "cuda":
+            layer = layer.cuda()
+        y = layer(xd)
+        y.backward(e.to(y.device))
+        outs.append((y.detach().cpu(), xd.grad.cpu(), w.grad.cpu()))
+    for a, b in zip(outs[0], outs[1]):
+        assert _rel(a, b) < 1e-2
