@@ -255,8 +255,11 @@ def inspect(run_dir: Path, queue: dict[str, str] | None = None, reconcile_dead: 
         view.state = "new"
     view.live = claim_alive(claim, queue)
     if view.live:
-        if view.state not in {"running"}:
-            view.state = "pending" if view.job_state in (None, "PENDING", "REQUEUED") else "running"
+        waiting = view.job_state in (None, "PENDING", "REQUEUED")
+        if view.state == "preempted" and waiting:
+            pass  # checkpointed and requeued: waits for the scheduler to start it again
+        elif view.state != "running":
+            view.state = "pending" if waiting else "running"
         return view
     if view.state in {"running", "pending"} and claim is not None:
         # the process that owned the run is gone and never wrote an end state
