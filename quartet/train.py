@@ -439,7 +439,8 @@ class Trainer:
         for i in range(0, per_rank, mb):
             x, y = read_windows(self.data.train, mine[i:i + mb], self.res.seq_len)
             batches.append((x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)))
-        self.quant.set_step(self.model, self.step + 1)
+        # Global micro-batch numbering: rank r's first micro-batch is r * accum (see the slicing above).
+        self.quant.set_step(self.model, self.step + 1, first_call=r * len(batches))
         loss_acc = torch.zeros((), device=self.device, dtype=torch.float32)
         for i, (x, y) in enumerate(batches):
             sync = (i == len(batches) - 1) or not self.dist.enabled

@@ -137,10 +137,14 @@ def _quant_layers(model: nn.Module):
     return [m for m in model.modules() if isinstance(m, QuantLinear)]
 
 
-def set_step(model: nn.Module, step: int) -> None:
-    """Tell quantized layers the current optimizer step (per-step random signs / SR seeds, stats)."""
+def set_step(model: nn.Module, step: int, first_call: int = 0) -> None:
+    """Tell quantized layers the current optimizer step (per-step random signs / SR seeds, stats).
+
+    ``first_call``: global index of this process's first micro-batch of the step (rank × micro-batches
+    per rank under DDP), so seeds match single-process training micro-batch for micro-batch.
+    """
     for m in _quant_layers(model):
-        m.set_step(step)
+        m.set_step(step, first_call)
 
 
 def collect_stats(model: nn.Module) -> dict[str, float]:

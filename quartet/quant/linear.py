@@ -82,10 +82,15 @@ class QuantLinear(nn.Linear):
         self._stats: dict[str, list[dict[str, float]]] = {}
 
     # -- schedule -------------------------------------------------------------------------------
-    def set_step(self, step: int) -> None:
-        """Start optimizer step ``step``: new random draws; stats on when step % stats_every == 0."""
+    def set_step(self, step: int, first_call: int = 0) -> None:
+        """Start optimizer step ``step``: new random draws; stats on when step % stats_every == 0.
+
+        ``first_call`` is the global index of this process's first micro-batch in the step: under data
+        parallelism rank r starts at r * micro_batches_per_rank, so every micro-batch draws the same
+        signs / SR seeds as in single-process training with gradient accumulation.
+        """
         self.step = int(step)
-        self._calls = 0
+        self._calls = int(first_call)
         self.stats_enabled = self.stats_every > 0 and self.step % self.stats_every == 0
 
     def operand_seed(self, call: int, slot: int) -> int:
