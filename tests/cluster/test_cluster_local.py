@@ -132,3 +132,24 @@ def test_cli_dispatch_dry_run_smoke(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "27 runs" in out.stdout and "dry run" in out.stdout
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_smoke_sweep_local_acceptance(tmp_path, capsys):
+    """The shipped `smoke` sweep: 27 runs to completion on this machine, losses ordered by N and by D."""
+    root = tmp_path / "runs"
+    assert sweep_main(["smoke", "--cluster", "local", "--runs-dir", str(root)]) == 0
+    assert "27 completed, 0 failed" in capsys.readouterr().out
+    rows = [json.loads(p.read_text()) for p in (root / "smoke").glob("*/summary.json")]
+    loss = {(r["precision"], r["model"], r["tokens"]): r["val_loss"] for r in rows}
+    models, budgets = ["llama_nano", "llama_micro", "llama_tiny"], [20480, 40960, 81920]
+    for p in ("bf16", "fp8", "quartet"):
+        for d in budgets:
+            by_n = [loss[(p, m, d)] for m in models]
+            assert by_n == sorted(by_n, reverse=True), (p, d, by_n)
+        for m in models:
+            by_d = [loss[(p, m, d)] for d in budgets]
+            assert by_d == sorted(by_d, reverse=True), (p, m, by_d)
+    assert sweep_main(["smoke", "--runs-dir", str(root)]) == 0
+    assert "nothing to submit: all 27 runs are done" in capsys.readouterr().out
