@@ -149,3 +149,20 @@ def test_seam_quantlinear_with_triton_backend_matches_reference(scheme):
         outs.append((y.detach().cpu(), xd.grad.cpu(), w.grad.cpu()))
     for a, b in zip(outs[0], outs[1]):
         assert _rel(a, b) < 1e-2
+
+
+def test_fused_linear_pads_tokens_and_adapter_covers_quartet_schemes():
+    g = torch.Generator().manual_seed(4)
+    base = torch.nn.Linear(64, 32, bias=False)
+    assert L.fused_linear(base, "fp8", "triton") is None
+    lin = L.fused_linear(base, "quartet_sr", "triton", seed=1)
+    assert lin.weight is base.weight and lin.state.stochastic
+    lin = lin.to(DEV)
+    x = torch.randn(2, 21, 64, generator=g).bfloat16().to(DEV).requires_grad_(True)  # 42 tokens: not a multiple of 32
+    y = lin(x)
+    assert y.shape == (2, 21, 32)
+    y.float().sum().backward()
+    assert x.grad.shape == x.shape and torch.isfinite(x.grad.float()).all()
+    assert torch.isfinite(lin.weight.grad).all()
+    with pytest.raises(ValueError, match="multiples of 32"):
+        L.QuartetLinear(48, 32, engine="triton")(torch.randn(4, 48))
