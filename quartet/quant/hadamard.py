@@ -13,6 +13,14 @@ the signs of the rotated values, which commutes with magnitude rounding and so w
 randomise round-to-nearest at all. The inverse is y ↦ (y·Hᵀ)·diag(ξ).
 
 The block transform is one matmul on a (…, n_blocks, block) view: no Python loop over blocks.
+
+Exact arithmetic (the contract with the GPU kernels). :func:`block_hadamard` never multiplies by the
+irrational entries ±1/√n. It forms the sign flips x·diag(s) (exact), multiplies by the *±1* Sylvester
+matrix S in float64 — a sum of n float32 terms with ±1 weights, exact whenever the group's values span
+at most ~24 binades (53 − 24 − 5 bits) — rounds that sum once to float32 and then multiplies by fp32(1/√n) once (one
+float32 rounding). The fused Triton kernels compute the same two roundings (±1 products on tensor
+cores with float32 accumulation, then one scale), so kernel and oracle agree bitwise on the rotated
+values, not just to an ulp.
 """
 from __future__ import annotations
 
@@ -40,6 +48,20 @@ def _on_device(n: int, device: str) -> torch.Tensor:
     return _sylvester_cpu(n).to(device)
 
 
+@functools.lru_cache(maxsize=None)
+def _pm1_cpu(n: int) -> torch.Tensor:
+    h = torch.ones(1, 1, dtype=torch.float64)
+    while h.shape[0] < n:
+        h = torch.cat((torch.cat((h, h), 1), torch.cat((h, -h), 1)), 0)
+    return h
+
+
+@functools.lru_cache(maxsize=64)
+def _pm1_on_device(n: int, device: str) -> torch.Tensor:
+    # float64 on devices that have it (MPS does not): the ±1 sums must not round before the one scale.
+    return _pm1_cpu(n).to(device)
+
+
 def hadamard_matrix(n: int, device: torch.device | str | None = None) -> torch.Tensor:
     """Orthonormal Sylvester Hadamard matrix of size n (a power of two), float32 on ``device``."""
     if n < 1 or n & (n - 1):
@@ -63,13 +85,20 @@ def block_hadamard(x: torch.Tensor, block: int = 32, signs: torch.Tensor | None 
     k = x.shape[-1]
     if k % block:
         raise ValueError(f"block_hadamard: last dim {k} is not a multiple of the block size {block}")
-    h = hadamard_matrix(block, x.device)
-    xb = x.float().reshape(*x.shape[:-1], k // block, block)
-    if signs is None:
-        m = h.t() if inverse else h
-    elif not inverse:
-        # diag(s)·H scales the rows of H: one precomputed (block × block) matrix, one matmul.
-        m = signs.to(h).unsqueeze(1) * h
-    else:
-        m = h.t() * signs.to(h).unsqueeze(0)
-    return (xb @ m).reshape(x.shape)
+    if block < 1 or block & (block - 1):
+        raise ValueError(f"hadamard size must be a power of two, got {block}")
+    s_pm1 = _pm1_on_device(block, str(x.device))
+    # exact ±1 sums in float64 (see the module docstring), one rounding to float32, one scale rounding
+    xb = x.reshape(*x.shape[:-1], k // block, block).to(torch.float64)
+    if signs is not None and not inverse:
+        xb = xb * signs.to(xb)  # sign flips are exact; diag(s) before S
+    y = (xb @ s_pm1).to(torch.float32) * _inv_sqrt(block)
+    if signs is not None and inverse:
+        y = y * signs.to(y)  # y·Sᵀ/√n·diag(s): S is symmetric
+    return y.reshape(x.shape)
+
+
+@functools.lru_cache(maxsize=None)
+def _inv_sqrt(n: int) -> float:
+    """fp32(1/√n) as a Python float (multiplying a float32 tensor by it rounds once, like the kernels)."""
+    return float(torch.tensor(1.0 / math.sqrt(n), dtype=torch.float32))
