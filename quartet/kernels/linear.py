@@ -25,6 +25,8 @@ import torch
 
 from quartet.kernels import gemm as G
 from quartet.kernels.triton_quant import absmax_dual_fp8, masked_inverse_hadamard, mx_quantize
+from quartet.quant.hadamard import random_signs
+from quartet.quant.linear import _GEMM_SLOT, _SLOT, QuantLinear, mix_seed
 
 ENGINES = ("hopper_fp8", "blackwell_mxfp4", "triton")
 #: how the FP8 fold picks each row's exponent ("exact" kernel pass or one-pass "bound"; see mx_quantize)
@@ -34,41 +36,44 @@ ROW_EXP = "exact"
 DUAL_E = False
 
 
-def _signs(seed: int, device) -> torch.Tensor:
-    g = torch.Generator().manual_seed(int(seed) & 0x7FFF_FFFF)
-    return (torch.randint(0, 2, (32,), generator=g) * 2 - 1).float().to(device)
-
-
 class _Ctx:
     """Per-layer state shared with the autograd function: engine, rounding, seeds, flush counter.
 
-    Seeds and Hadamard signs derive from (layer seed, step, call number) on the host, so a run is
-    reproducible and every call and step gets its own stream. ``graph_safe=True`` draws them on the
-    device from the CUDA generator instead (seeded by ``torch.manual_seed``), so that a captured CUDA
-    graph gets fresh signs and SR streams on every replay.
+    Seeds and Hadamard signs follow the reference :class:`~quartet.quant.linear.QuantLinear` rule
+    exactly: operand seed = ``mix_seed(run seed, step, layer index, micro-batch call, slot)`` (slots of
+    ``dx_e, dx_w, dw_e, dw_x``; truncated to 31 bits as every kernel backend does) and one set of
+    signs per backward GEMM from ``mix_seed(..., call, 17 | 18)``. So a fused run draws the same
+    random Hadamard signs as a reference run of the same seed, step, layer and micro-batch, and the DDP
+    numbering of ``set_step(model, step, first_call)`` carries over unchanged. ``graph_safe=True``
+    draws them on the device from the CUDA generator instead (seeded by ``torch.manual_seed``), so
+    that a captured CUDA graph gets fresh signs and SR streams on every replay.
     """
 
-    def __init__(self, engine: str, stochastic: bool, seed: int = 0, graph_safe: bool = False):
+    def __init__(self, engine: str, stochastic: bool, seed: int = 0, graph_safe: bool = False,
+                 layer_index: int = 0):
         if engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
         self.engine = engine
         self.stochastic = stochastic
-        self.seed = seed
+        self.seed = int(seed)
+        self.layer_index = int(layer_index)
         self.graph_safe = graph_safe
         self.step = 0
         self.calls = 0
         self.flushed: torch.Tensor | None = None
 
-    def next_seed(self, device=None):
-        self.calls += 1
+    def operand_seed(self, call: int, slot: str, device=None):
+        """SR seed of one backward operand (``dx_e``, ``dx_w``, ``dw_e``, ``dw_x``) of micro-batch ``call``."""
         if self.graph_safe:
             return torch.randint(0, 2**31 - 1, (1,), device=device, dtype=torch.int64)
-        return (self.seed * 1_000_003 + self.step * 7919 + self.calls) & 0x7FFF_FFFF
+        return mix_seed(self.seed, self.step, self.layer_index, call, _SLOT[slot]) & 0x7FFF_FFFF
 
-    def signs(self, device) -> torch.Tensor:
+    def signs(self, call: int, gemm: str, device) -> torch.Tensor:
+        """Random Hadamard signs of backward GEMM ``gemm`` (``dx`` / ``dw``) of micro-batch ``call``."""
         if self.graph_safe:
             return torch.randint(0, 2, (32,), device=device).float() * 2 - 1
-        return _signs(self.next_seed(), device)
+        g = torch.Generator().manual_seed(mix_seed(self.seed, self.step, self.layer_index, call, _GEMM_SLOT[gemm]))
+        return random_signs(32, g, device)
 
     def add_flushed(self, *ops):
         for op in ops:
@@ -101,7 +106,7 @@ class QuartetLinearFn(torch.autograd.Function):
     """autograd over the three quantized GEMMs (see the module docstring)."""
 
     @staticmethod
-    def forward(ctx, x2d: torch.Tensor, weight: torch.Tensor, state: _Ctx):
+    def forward(ctx, x2d: torch.Tensor, weight: torch.Tensor, state: _Ctx, call: int = 0):
         x2d = x2d.to(torch.bfloat16)
         w = weight.to(torch.bfloat16)
         # forward operands: QuEST with the fixed Hadamard. The backward requantizes X̂ and Ŵ: on the
@@ -116,7 +121,7 @@ class QuartetLinearFn(torch.autograd.Function):
             ctx.save_for_backward(qx.fp8, qx.row_scale, qx.mask, qw.fp8, qw.row_scale, qw.mask)
         else:
             ctx.save_for_backward(qx.deq, None, qx.mask, qw.deq, None, qw.mask)
-        ctx.state = state
+        ctx.state, ctx.call = state, call
         ctx.wdtype = weight.dtype
         return y
 
@@ -124,82 +129,145 @@ class QuartetLinearFn(torch.autograd.Function):
     def backward(ctx, e: torch.Tensor):
         xh, xs, mx_, wh, ws, mw = ctx.saved_tensors
         st: _Ctx = ctx.state
+        call = ctx.call
         e = e.contiguous().to(torch.bfloat16)
-        signs = st.signs(e.device)
         dev = e.device
-        kw = dict(rule="absmax", stochastic=st.stochastic, signs=signs)
-        if st.engine == "hopper_fp8" and DUAL_E and e.shape[0] % 32 == 0:
-            # both quantizations of E from one read per pass; Eᵀ gets e5m2's wider range (token axis)
-            qe, qet = absmax_dual_fp8(e, signs, stochastic=st.stochastic, seed=st.next_seed(dev))
+        # one set of random signs per backward GEMM, as in the reference QuantLinear
+        s_dx, s_dw = st.signs(call, "dx", dev), st.signs(call, "dw", dev)
+        kw = dict(rule="absmax", stochastic=st.stochastic)
+        if st.engine == "hopper_fp8" and DUAL_E and e.shape[0] % 32 == 0 and st.graph_safe:
+            # both quantizations of E from one read per pass (needs one set of signs for both GEMMs,
+            # so only in graph_safe mode, where signs are not tied to the reference rule anyway)
+            qe, qet = absmax_dual_fp8(e, s_dx, stochastic=st.stochastic, seed=st.operand_seed(call, "dx_e", dev))
+            s_dw = s_dx
         else:
             qe = qet = None
         # dX̂ = E Ŵ, reduced over out: E grouped along its rows, Ŵᵀ read from Ŵ's columns
         if qe is None:
-            qe = _q(e, st, axis=-1, seed=st.next_seed(dev), **kw)
-        qwt = _q(wh, st, axis=0, seed=st.next_seed(dev), in_scale=ws, **kw)
+            qe = _q(e, st, axis=-1, seed=st.operand_seed(call, "dx_e", dev), signs=s_dx, **kw)
+        qwt = _q(wh, st, axis=0, seed=st.operand_seed(call, "dx_w", dev), in_scale=ws, signs=s_dx, **kw)
         dx = masked_inverse_hadamard(_mm(st, qe, qwt), mx_)
         # dŴ = Eᵀ X̂, reduced over tokens: both read column-wise; the gradient gets e5m2's wider range
         if qet is None:
             fmt = {"fp8": "e5m2"} if st.engine == "hopper_fp8" else {}
-            qet = _q(e, st, axis=0, seed=st.next_seed(dev), **fmt, **kw)
-        qxt = _q(xh, st, axis=0, seed=st.next_seed(dev), in_scale=xs, **kw)
+            qet = _q(e, st, axis=0, seed=st.operand_seed(call, "dw_e", dev), signs=s_dw, **fmt, **kw)
+        qxt = _q(xh, st, axis=0, seed=st.operand_seed(call, "dw_x", dev), in_scale=xs, signs=s_dw, **kw)
         st.add_flushed(qe, qwt, qet, qxt)
         dw = masked_inverse_hadamard(_mm(st, qet, qxt), mw, out_dtype=torch.float32)
-        return dx, dw.to(ctx.wdtype), None
+        return dx, dw.to(ctx.wdtype), None, None
+
+
+def _fused_forward(x: torch.Tensor, weight: torch.Tensor, state: _Ctx, call: int, out_features: int) -> torch.Tensor:
+    """Run :class:`QuartetLinearFn` on ``x`` of any leading shape (tokens padded to a multiple of 32)."""
+    in_features = weight.shape[1]
+    if in_features % 32 or out_features % 32:
+        raise ValueError(f"QuartetLinear needs in/out features that are multiples of 32, got "
+                         f"{in_features}x{out_features}")
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1])
+    T = x2.shape[0]
+    pad = -T % 32  # the weight-gradient GEMM groups along tokens: zero rows contribute nothing
+    if pad:
+        x2 = torch.nn.functional.pad(x2, (0, 0, 0, pad))
+    y = QuartetLinearFn.apply(x2, weight, state, call)
+    if pad:
+        y = y[:T]
+    return y.reshape(*shape[:-1], out_features)
 
 
 class QuartetLinear(torch.nn.Linear):
     """Drop-in ``nn.Linear`` (no bias) that runs the fused Quartet scheme on a GPU engine."""
 
     def __init__(self, in_features: int, out_features: int, engine: str = "hopper_fp8", stochastic: bool = False,
-                 seed: int = 0, device=None, dtype=None, graph_safe: bool = False):
+                 seed: int = 0, device=None, dtype=None, graph_safe: bool = False, layer_index: int = 0):
         super().__init__(in_features, out_features, bias=False, device=device, dtype=dtype)
-        self.state = _Ctx(engine, stochastic, seed, graph_safe)
+        self.state = _Ctx(engine, stochastic, seed, graph_safe, layer_index)
 
     @classmethod
     def from_linear(cls, lin: torch.nn.Linear, engine: str = "hopper_fp8", stochastic: bool = False, seed: int = 0,
-                    graph_safe: bool = False):
+                    graph_safe: bool = False, layer_index: int = 0):
         """Wrap an existing (bias-free) linear, sharing its weight Parameter."""
         new = cls.__new__(cls)
         torch.nn.Module.__init__(new)
         new.in_features, new.out_features = lin.in_features, lin.out_features
         new.weight = lin.weight
         new.bias = None
-        new.state = _Ctx(engine, stochastic, seed, graph_safe)
+        new.state = _Ctx(engine, stochastic, seed, graph_safe, layer_index)
         return new
 
-    def set_step(self, step: int) -> None:
-        self.state.step = step
-        self.state.calls = 0
+    def set_step(self, step: int, first_call: int = 0) -> None:
+        """Start optimizer step ``step``; ``first_call`` = global index of this process's first micro-batch."""
+        self.state.step = int(step)
+        self.state.calls = int(first_call)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        if self.in_features % 32 or self.out_features % 32:
-            raise ValueError(f"QuartetLinear needs in/out features that are multiples of 32, got "
-                             f"{self.in_features}x{self.out_features}")
-        x2 = x.reshape(-1, shape[-1])
-        T = x2.shape[0]
-        pad = -T % 32  # the weight-gradient GEMM groups along tokens: zero rows contribute nothing
-        if pad:
-            x2 = torch.nn.functional.pad(x2, (0, 0, 0, pad))
-        y = QuartetLinearFn.apply(x2, self.weight, self.state)
-        if pad:
-            y = y[:T]
-        return y.reshape(*shape[:-1], self.out_features).to(x.dtype if x.dtype != torch.float32 else y.dtype)
+        call = self.state.calls
+        self.state.calls += 1
+        y = _fused_forward(x, self.weight, self.state, call, self.out_features)
+        return y.to(x.dtype if x.dtype != torch.float32 else y.dtype)
+
+
+class FusedQuantLinear(QuantLinear):
+    """The reference :class:`~quartet.quant.linear.QuantLinear` with the fused Quartet layer as its fast path.
+
+    What ``apply_precision`` installs for ``quartet`` / ``quartet_sr`` on a kernel backend. It *is* a
+    QuantLinear (same weight sharing, ``set_step(step, first_call)``, stats, seeds), so the seam API is
+    unchanged. On steps where statistics are requested (``step % stats_every == 0``) it runs the
+    operand-by-operand seam path through the same kernel backend, which records them (the fused
+    kernels do not compute statistics); on every other step it runs :class:`QuartetLinearFn`. Both
+    paths draw identical signs and SR seeds for a given (seed, step, layer, micro-batch).
+    """
+
+    def __init__(self, weight: torch.nn.Parameter, scheme, backend, *, stochastic: bool, **kw):
+        super().__init__(weight, scheme, backend, **kw)
+        self.fused = _Ctx(backend.name, stochastic, self.seed, layer_index=self.layer_index)
+
+    @property
+    def flushed(self) -> torch.Tensor | None:
+        """Device counter of FP8 values the hopper fold could not represent exactly (None: none seen)."""
+        return self.fused.flushed
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.stats_enabled:
+            return super().forward(x)  # seam path: records statistics, same seeds
+        dev = x.device.type
+        out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+        call = self._calls
+        self._calls += 1
+        self.fused.step = self.step
+        return _fused_forward(x, self.weight, self.fused, call, self.out_features).to(out_dtype)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + ", fused=True"
 
 
 #: schemes the fused layer implements: name -> stochastic backward
 FUSED_SCHEMES = {"quartet": False, "quartet_sr": True}
+#: how the quant plan names each implementation
+IMPL_FUSED = "fused QuartetLinear (quartet.kernels.linear)"
+IMPL_SEAM = "QuantLinear, operand by operand (quartet.quant.linear)"
+
+
+def fused_covers(scheme, backend_name: str) -> bool:
+    """Whether the fused layer implements ``scheme`` (a :class:`~quartet.quant.schemes.Scheme`) on ``backend_name``."""
+    return (scheme.name in FUSED_SCHEMES and backend_name in ENGINES
+            and all(g.block == 32 for g in (scheme.fwd, scheme.dx, scheme.dw)))
+
+
+def fused_quant_linear(weight: torch.nn.Parameter, scheme, backend, **kw) -> FusedQuantLinear | None:
+    """The :class:`FusedQuantLinear` for ``scheme`` on kernel ``backend`` (QuantLinear keywords), or None
+    when the fused layer does not cover the scheme / backend. Used by ``quartet.quant.apply_precision``."""
+    if not fused_covers(scheme, backend.name):
+        return None
+    return FusedQuantLinear(weight, scheme, backend, stochastic=FUSED_SCHEMES[scheme.name], **kw)
 
 
 def fused_linear(lin: torch.nn.Linear, scheme_name: str, backend_name: str, seed: int = 0):
-    """A :class:`QuartetLinear` sharing ``lin.weight`` when the fused layer covers ``scheme_name`` on
-    ``backend_name`` (``hopper_fp8`` / ``triton`` / ``blackwell_mxfp4``), else ``None``.
+    """A standalone :class:`QuartetLinear` sharing ``lin.weight`` when the fused layer covers
+    ``scheme_name`` on ``backend_name`` (``hopper_fp8`` / ``triton`` / ``blackwell_mxfp4``), else ``None``.
 
-    One-line hook for ``apply_precision``: the fused layer quantizes each operand once, keeps FP8
-    copies for the backward and avoids float32 round trips, so it is ~2.5x faster than driving the
-    same kernels operand by operand through the generic seam (docs/kernels.md). It does not record
-    per-layer quantization statistics.
+    (Benchmarks and direct use; training goes through ``apply_precision`` → :func:`fused_quant_linear`.)
+    It does not record per-layer quantization statistics.
     """
     if scheme_name not in FUSED_SCHEMES or backend_name not in ENGINES:
         return None

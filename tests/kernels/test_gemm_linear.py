@@ -27,28 +27,21 @@ def test_swizzle_layout_matches_the_documented_tile_order():
     assert torch.equal(G.unswizzle_mx_scales(flat, R, C), s)
 
 
-def _exact_rotation(x, signs):
-    """The kernel's rotation: exact ±1 sums (float64) times fp32(1/sqrt 32), rounded once to float32."""
-    from quartet.kernels.triton_quant import INV_SQRT32, sylvester_pm1
-
-    h = sylvester_pm1(32).double()
-    if signs is not None:
-        h = signs.double().cpu().unsqueeze(1) * h
-    xb = x.double().cpu().reshape(*x.shape[:-1], -1, 32)
-    c = float(torch.tensor(INV_SQRT32, dtype=torch.float32))
-    return ((xb @ h).float().double() * c).float().reshape(x.shape)
+def _rot(x, signs):
+    """The oracle rotation (bitwise equal to the kernels' fused rotation)."""
+    return hadamard.block_hadamard(x.cpu(), 32, signs.cpu() if signs is not None else None)
 
 
-def _reference_layer(x, w, e, signs):
-    """Quartet forward/backward with the oracle (RTN backward), float32, in the kernel's rotation."""
-    xh, mxk = mx.quest_mxfp4(_exact_rotation(x, None))
-    wh, mwk = mx.quest_mxfp4(_exact_rotation(w, None))
+def _reference_layer(x, w, e, s_dx, s_dw):
+    """Quartet forward/backward with the oracle (RTN backward), float32, with the oracle rotation."""
+    xh, mxk = mx.quest_mxfp4(_rot(x, None))
+    wh, mwk = mx.quest_mxfp4(_rot(w, None))
     y = xh @ wh.t()
-    qe = mx.absmax_mxfp4(_exact_rotation(e, signs))
-    qwt = mx.absmax_mxfp4(_exact_rotation(wh.t().contiguous().bfloat16(), signs))
+    qe = mx.absmax_mxfp4(_rot(e, s_dx))
+    qwt = mx.absmax_mxfp4(_rot(wh.t().contiguous().bfloat16(), s_dx))
     dx = hadamard.block_hadamard((qe @ qwt.t()) * mxk, 32, inverse=True)
-    qet = mx.absmax_mxfp4(_exact_rotation(e.t().contiguous(), signs))
-    qxt = mx.absmax_mxfp4(_exact_rotation(xh.t().contiguous().bfloat16(), signs))
+    qet = mx.absmax_mxfp4(_rot(e.t().contiguous(), s_dw))
+    qxt = mx.absmax_mxfp4(_rot(xh.t().contiguous().bfloat16(), s_dw))
     dw = hadamard.block_hadamard((qet @ qxt.t()) * mwk, 32, inverse=True)
     return y, dx, dw
 
@@ -70,10 +63,9 @@ def test_fused_linear_matches_oracle(engine):
     xd = x.to(DEV).requires_grad_(True)
     y = lin(xd)
     y.backward(e.to(DEV))
-    # the backward draws its signs from the first per-call seed of step 0
+    # the backward draws the reference QuantLinear's signs of (seed 3, step 0, layer 0, call 0)
     st = L._Ctx("triton", False, seed=3)
-    signs = L._signs(st.next_seed(), "cpu")
-    ry, rdx, rdw = _reference_layer(x, w, e, signs)
+    ry, rdx, rdw = _reference_layer(x, w, e, st.signs(0, "dx", "cpu"), st.signs(0, "dw", "cpu"))
     assert _rel(y.cpu(), ry) < 1e-2  # bf16 output rounding (exact inputs)
     assert _rel(xd.grad.cpu(), rdx) < 2e-2
     assert _rel(lin.weight.grad.cpu(), rdw) < 2e-2
