@@ -79,6 +79,10 @@ def bench_quant(rows: int = 16384, cols: int = 4096, sweep: bool = False) -> dic
         "bwd_sr_absmax_deq_bf16_transposed": (dict(rule="absmax", stochastic=True, signs=signs, axis=0), 2 * n + 2 * n),
         "fwd_quest_mx_codes": (dict(rule="quest", mask=True, deq=False, mx=True), 2 * n + n // 2 + n // 32 + n),
     }
+    # the one-pass FP8 fold (row_exp="fused"): one full pass + a cheap in-place fold, as the fused layer runs
+    for name in ("fwd_quest_mask_fp8_e4m3", "bwd_sr_absmax_fp8_e4m3", "bwd_sr_absmax_fp8_e5m2_transposed"):
+        kw, nbytes = recipes[name]
+        recipes[name + "_fused"] = ({**kw, "row_exp": "fused"}, nbytes)
     out = {"shape": [rows, cols], "copy_ms": t_copy, "copy_GBps": copy_bw, "recipes": {}, "tiles": {}}
     if sweep:
         import quartet.kernels.triton_quant as TQ
@@ -143,8 +147,9 @@ def bench_linear(shapes=LINEAR_SHAPES) -> dict:
         row["fp8_gemms_ms"] = _bench(lambda: (G.hopper_fp8_mm(a1, b1), G.hopper_fp8_mm(a2, b2), G.hopper_fp8_mm(a3, b3)))
         import quartet.kernels.linear as LIN
 
-        for engine, sr, row_exp in [("hopper_fp8", False, "exact"), ("hopper_fp8", True, "exact"),
-                                    ("hopper_fp8", False, "bound"), ("triton", False, "exact"), ("triton", True, "exact")]:
+        default_row_exp = LIN.ROW_EXP
+        for engine, sr, row_exp in [("hopper_fp8", False, "fused"), ("hopper_fp8", True, "fused"),
+                                    ("hopper_fp8", False, "exact"), ("triton", False, "fused"), ("triton", True, "fused")]:
             LIN.ROW_EXP = row_exp
             if True:
                 lin = QuartetLinear(K, N, engine=engine, stochastic=sr, device=dev)
@@ -155,7 +160,7 @@ def bench_linear(shapes=LINEAR_SHAPES) -> dict:
                     y = lin(x)
                     y.backward(e)
 
-                key = f"quartet_{engine}_{'sr' if sr else 'rtn'}" + ("_rowbound" if row_exp == "bound" else "")
+                key = f"quartet_{engine}_{'sr' if sr else 'rtn'}" + ("_rowexact" if row_exp == "exact" else "")
                 row[key + "_ms"] = _bench(q_step)
                 row[key + "_ratio"] = row[key + "_ms"] / row["bf16_ms"]
                 if engine == "hopper_fp8":
@@ -163,7 +168,7 @@ def bench_linear(shapes=LINEAR_SHAPES) -> dict:
                     q_step()
                     torch.cuda.synchronize()
                     row[key + "_flushed_per_step"] = int(lin.state.flushed.item()) if lin.state.flushed is not None else 0
-        LIN.ROW_EXP = "exact"
+        LIN.ROW_EXP = default_row_exp
         # the same layers captured in CUDA graphs (launch overhead removed; fresh device seeds per replay)
         for sr in (False, True):
             lin = QuartetLinear(K, N, engine="hopper_fp8", stochastic=sr, device=dev, graph_safe=True)
@@ -184,20 +189,21 @@ def bench_linear(shapes=LINEAR_SHAPES) -> dict:
 
         mxk = torch.ones(T, K, device=dev, dtype=torch.bool)
         g = torch.randn(T, K, device=dev, dtype=torch.bfloat16)
-        row["quantizers_ms"] = _bench(lambda: (
-            mx_quantize(x.detach(), rule="quest", mask=True, fp8="e4m3"),
-            mx_quantize(w.detach(), rule="quest", mask=True, fp8="e4m3"),
-            mx_quantize(e, rule="absmax", deq=False, fp8="e4m3"),
-            mx_quantize(w.detach(), rule="absmax", axis=0, deq=False, fp8="e4m3"),
-            mx_quantize(e, rule="absmax", axis=0, deq=False, fp8="e5m2"),
-            mx_quantize(x.detach(), rule="absmax", axis=0, deq=False, fp8="e4m3")))
+        for suffix, rx in (("", "fused"), ("_rowexact", "exact")):
+            row[f"quantizers{suffix}_ms"] = _bench(lambda rx=rx: (
+                mx_quantize(x.detach(), rule="quest", mask=True, deq=False, fp8="e4m3", row_exp=rx),
+                mx_quantize(w.detach(), rule="quest", mask=True, deq=False, fp8="e4m3", row_exp=rx),
+                mx_quantize(e, rule="absmax", deq=False, fp8="e4m3", row_exp=rx),
+                mx_quantize(w.detach(), rule="absmax", axis=0, deq=False, fp8="e4m3", row_exp=rx),
+                mx_quantize(e, rule="absmax", axis=0, deq=False, fp8="e5m2", row_exp=rx),
+                mx_quantize(x.detach(), rule="absmax", axis=0, deq=False, fp8="e4m3", row_exp=rx)))
         row["inverse_rotations_ms"] = _bench(lambda: masked_inverse_hadamard(g, mxk))
         _log(f"  linear {T}x{K}x{N}: bf16 {row['bf16_ms']:.3f} ms | quartet hopper_fp8 rtn "
              f"{row['quartet_hopper_fp8_rtn_ms']:.3f} ms ({row['quartet_hopper_fp8_rtn_ratio']:.2f}x) | "
              f"GEMM-only fp8/bf16 {row['gemm_only_ratio']:.2f} | quantizers {row['quantizers_ms']:.3f} ms | "
              f"graphed: bf16 {row['bf16_graph_ms']:.3f} ms, quartet rtn {row['quartet_hopper_fp8_rtn_graph_ms']:.3f} ms "
              f"({row['quartet_hopper_fp8_rtn_graph_ratio']:.2f}x) sr {row['quartet_hopper_fp8_sr_graph_ratio']:.2f}x | "
-             f"row-bound {row['quartet_hopper_fp8_rtn_rowbound_ratio']:.2f}x | sr {row['quartet_hopper_fp8_sr_ratio']:.2f}x | "
+             f"two-pass row exponent {row['quartet_hopper_fp8_rtn_rowexact_ratio']:.2f}x | sr {row['quartet_hopper_fp8_sr_ratio']:.2f}x | "
              f"triton engine {row['quartet_triton_rtn_ratio']:.2f}x")
         res.append(row)
         del x, w, e
@@ -283,15 +289,26 @@ def bench_step(models=("100m", "800m"), batch: int = 32, seq: int = 512, vocab: 
     res = []
     for name in models:
         row = {"model": name, **MODELS[name], "batch": batch, "seq": seq}
-        for precision in ("bf16", "quartet"):
+        for precision in ("bf16", "quartet", "wired"):
             torch.manual_seed(0)
             model = Llama(vocab_size=vocab, seq_len=seq, device=dev, **MODELS[name])
             if precision == "quartet":
                 _convert(model, "hopper_fp8", stochastic=False)
+            counter = [0]
+            if precision == "wired":
+                # what `quartet train` runs: apply_precision (auto backend -> fused layer), set_step per step
+                from quartet.quant import apply_precision, set_step
+                from quartet.quant.config import PrecisionConfig
+
+                plan = apply_precision(model, PrecisionConfig(name="quartet"), seed=0)
+                row["wired_backend"], row["wired_implementation"] = plan.backend, plan.implementation
             opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
             idx = torch.randint(0, vocab, (batch, seq), device=dev)
 
             def step():
+                if precision == "wired":
+                    counter[0] += 1
+                    set_step(model, counter[0])
                 with torch.autocast("cuda", dtype=torch.bfloat16):
                     loss = model(idx, idx)
                 loss.backward()
@@ -308,13 +325,16 @@ def bench_step(models=("100m", "800m"), batch: int = 32, seq: int = 512, vocab: 
             row[f"{precision}_peak_GiB"] = torch.cuda.max_memory_allocated() / 2**30
             del model, opt
             torch.cuda.empty_cache()
-            if graphs:
+            if graphs and precision != "wired":
                 try:
                     row[f"{precision}_graph_ms"] = _graphed_step(name, precision, batch, seq, vocab)
                 except Exception as exc:  # report, do not lose the eager numbers
                     row[f"{precision}_graph_error"] = f"{type(exc).__name__}: {exc}"[:300]
                 torch.cuda.empty_cache()
         row["ratio"] = row["quartet_ms"] / row["bf16_ms"]
+        row["wired_ratio"] = row["wired_ms"] / row["bf16_ms"]
+        _log(f"  step {name} via apply_precision ({row['wired_implementation']}, {row['wired_backend']}): "
+             f"{row['wired_ms']:.1f} ms | {row['wired_ratio']:.2f}x eager bf16")
         if "quartet_graph_ms" in row and "bf16_graph_ms" in row:
             row["graph_ratio"] = row["quartet_graph_ms"] / row["bf16_graph_ms"]
             _log(f"  step {name} graphed: bf16 {row['bf16_graph_ms']:.1f} ms | quartet {row['quartet_graph_ms']:.1f} ms"

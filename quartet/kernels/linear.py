@@ -29,8 +29,9 @@ from quartet.quant.hadamard import random_signs
 from quartet.quant.linear import _GEMM_SLOT, _SLOT, QuantLinear, mix_seed
 
 ENGINES = ("hopper_fp8", "blackwell_mxfp4", "triton")
-#: how the FP8 fold picks each row's exponent ("exact" kernel pass or one-pass "bound"; see mx_quantize)
-ROW_EXP = "exact"
+#: how the FP8 fold picks each row's exponent ("exact" extra kernel pass, one-pass "bound", or "fused":
+#: one full pass + a cheap in-place fold; see mx_quantize)
+ROW_EXP = "fused"
 #: quantize the output gradient for both backward GEMMs in one fused pass (hopper engine). Off: the
 #: dual kernel agrees with the oracle in Triton's CPU interpreter but not yet on the H200 (see docs/kernels.md)
 DUAL_E = False
@@ -73,7 +74,11 @@ class _Ctx:
         if self.graph_safe:
             return torch.randint(0, 2, (32,), device=device).float() * 2 - 1
         g = torch.Generator().manual_seed(mix_seed(self.seed, self.step, self.layer_index, call, _GEMM_SLOT[gemm]))
-        return random_signs(32, g, device)
+        s = random_signs(32, g)
+        if torch.device(device).type == "cuda":
+            # pinned + non_blocking: a pageable host-to-device copy would make the host wait for the GPU
+            return s.pin_memory().to(device, non_blocking=True)
+        return s.to(device)
 
     def add_flushed(self, *ops):
         for op in ops:

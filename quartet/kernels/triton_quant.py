@@ -44,7 +44,7 @@ except ImportError:  # pragma: no cover - exercised only where triton is missing
 RULE_QUEST, RULE_ABSMAX43, RULE_ABSMAX = 0, 1, 2
 RULES = {"quest": RULE_QUEST, "absmax": RULE_ABSMAX43, "rtn_absmax": RULE_ABSMAX}
 #: output modes of the kernel
-MODE_DEQ, MODE_MX, MODE_ROWEXP, MODE_FP8 = 0, 1, 2, 3
+MODE_DEQ, MODE_MX, MODE_ROWEXP, MODE_FP8, MODE_STAGE = 0, 1, 2, 3, 4
 #: FP8 folding: the per-group value q·2^(d+shift) with d = e_g - e_row <= 0 is exact down to ``min_exp``
 #: (the exponent of the format's smallest subnormal step that still holds a 2-bit E2M1 significand).
 FP8_FORMATS = {
@@ -69,6 +69,20 @@ if HAS_TRITON:
     def _exp2i(e):
         """2**e for an int32 tensor e in [-126, 127], built from the exponent bits (exact)."""
         return ((e + 127) << 23).to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _rtn_e2m1(a):
+        """Round |y/σ| (a >= 0) to the E2M1 grid, ties toward zero (thresholds .25/.75/1.25/1.75/2.5/3.5/5).
+
+        With the grid step ``st`` of a's binade range (0.5 below 2, 1 below 4, 2 above) the nearest
+        point with ties down is ``ceil(a/st − 0.5)·st``: a/st and the subtraction are exact, so this
+        equals the threshold chain bit for bit in ~10 instructions instead of 14 compares and selects.
+        """
+        big = a >= 4.0
+        mid = a >= 2.0
+        inv = tl.where(big, 0.5, tl.where(mid, 1.0, 2.0))
+        step = tl.where(big, 2.0, tl.where(mid, 1.0, 0.5))
+        return tl.minimum(tl.ceil(a * inv - 0.5) * step, 6.0)
 
     @triton.jit
     def _mx_quant_kernel(
@@ -146,15 +160,15 @@ if HAS_TRITON:
             e = ((v.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127 - 2
             e = tl.where(v > 0.0, tl.maximum(e, -126), -2)  # all-zero group: scale 2^-2 as the oracle
 
-        if MODE == 2:
-            # row pass for the FP8 fold: the largest group exponent of each output row
+        if MODE == 2 or MODE == 4:
+            # the FP8 fold needs the largest group exponent of each output row
             if COL_ORDER:
                 er = tl.max(tl.reshape(e, (NJ, BLOCK_R)), axis=0)
             else:
                 er = tl.max(tl.reshape(e, (BLOCK_R, NJ)), axis=1)
             rr_ = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
             tl.atomic_max(rowexp_ptr + rr_, er, mask=rr_ < R)
-        else:
+        if MODE != 2:
             # ---- scale and round ------------------------------------------------------------------
             if RULE == 1:
                 # oracle order: divide by the exact power of two, then multiply by 3/4 (one rounding)
@@ -174,14 +188,17 @@ if HAS_TRITON:
                 r0, r1, r2, r3 = tl.randint4x(sd, offs4)
                 rr = tl.reshape(tl.join(tl.join(r0, r1), tl.join(r2, r3)), (G, 32))
                 rnd = (rr >> 8).to(tl.float32) * 5.960464477539063e-08  # top 24 bits -> [0, 1)
-                inv = tl.where(a < 2.0, 2.0, tl.where(a < 4.0, 1.0, 0.5))  # 1/step (powers of two: exact)
-                step = 1.0 / inv
+                # grid spacing of E2M1 around a (0.5 below 2, 1 below 4, then 2) and its inverse, by
+                # selects rather than a division (the kernel is instruction bound)
+                big = a >= 4.0
+                mid = a >= 2.0
+                inv = tl.where(big, 0.5, tl.where(mid, 1.0, 2.0))
+                step = tl.where(big, 2.0, tl.where(mid, 1.0, 0.5))
                 lo = tl.floor(a * inv) * step
                 up = rnd < (a - lo) * inv
                 q = tl.minimum(tl.where(up, lo + step, lo), 6.0)
             else:
-                q = tl.where(a > 5.0, 6.0, tl.where(a > 3.5, 4.0, tl.where(a > 2.5, 3.0, tl.where(
-                    a > 1.75, 2.0, tl.where(a > 1.25, 1.5, tl.where(a > 0.75, 1.0, tl.where(a > 0.25, 0.5, 0.0)))))))
+                q = _rtn_e2m1(a)
             neg = yq < 0
             out_offs = rows[:, None].to(tl.int64) * K + kk
 
@@ -202,6 +219,12 @@ if HAS_TRITON:
                 pdst = codes_ptr + rows[:, None].to(tl.int64) * (K // 2) + (k0 // 2)[:, None] + c16[None, :]
                 tl.store(pdst, packed, mask=rmask[:, None] & (c16[None, :] < 16))
                 tl.store(scale_ptr + rows.to(tl.int64) * (K // 32) + k0 // 32, (e + 127).to(tl.uint8), mask=rmask)
+            if MODE == 4:
+                # one-pass FP8 fold, stage 1: the signed E2M1 value (exact in either FP8 format) goes
+                # to the FP8 buffer and the group exponent to an int8 side buffer; _fp8_fold_kernel
+                # scales them in place once every row's largest exponent is known (a cheap pass)
+                tl.store(fp8_ptr + out_offs, tl.where(neg, -q, q).to(fp8_ptr.dtype.element_ty), mask=inb)
+                tl.store(scale_ptr + rows.to(tl.int64) * (K // 32) + k0 // 32, e.to(tl.int8), mask=rmask)
             if MODE == 3:
                 er = tl.load(rowexp_ptr + rows, mask=rmask, other=0)
                 d = e - er + FP8_SHIFT
@@ -211,6 +234,33 @@ if HAS_TRITON:
                 flushed = (f8.to(tl.float32) != val) & inb
                 tl.atomic_add(flush_ptr, tl.sum(tl.sum(flushed.to(tl.int32), axis=1), axis=0))
                 tl.store(fp8_ptr + out_offs, f8, mask=inb)
+
+    @triton.jit
+    def _fp8_fold_kernel(fp8_ptr, gexp_ptr, rowexp_ptr, flush_ptr, R, K,
+                         FP8_SHIFT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+        """Stage 2 of the one-pass FP8 fold (in place): ±q  ->  fp8(±q · 2^(e_g − e_row + shift)).
+
+        The same arithmetic and flush rule as MODE 3 of ``_mx_quant_kernel``, on 1 byte per element
+        plus one int8 exponent per group, so it is memory bound and cheap next to re-rotating the input.
+        """
+        NJ: tl.constexpr = BLOCK_K // 32
+        G: tl.constexpr = BLOCK_R * NJ
+        g = tl.arange(0, G)
+        rows = tl.program_id(0) * BLOCK_R + g // NJ
+        k0 = tl.program_id(1) * BLOCK_K + (g % NJ) * 32
+        c = tl.arange(0, 32)
+        rmask = rows < R
+        inb = rmask[:, None] & (c[None, :] < 32)
+        offs = rows[:, None].to(tl.int64) * K + k0[:, None] + c[None, :]
+        q = tl.load(fp8_ptr + offs, mask=inb, other=0.0).to(tl.float32)
+        e = tl.load(gexp_ptr + rows.to(tl.int64) * (K // 32) + k0 // 32, mask=rmask, other=0).to(tl.int32)
+        er = tl.load(rowexp_ptr + rows, mask=rmask, other=0)
+        d = e - er + FP8_SHIFT
+        val = q * _exp2i(tl.maximum(d, -126))[:, None]
+        f8 = val.to(fp8_ptr.dtype.element_ty)
+        flushed = (f8.to(tl.float32) != val) & inb
+        tl.atomic_add(flush_ptr, tl.sum(tl.sum(flushed.to(tl.int32), axis=1), axis=0))
+        tl.store(fp8_ptr + offs, f8, mask=inb)
 
     @triton.jit
     def _absmax43_fold(y, er, sd, gid, STOCHASTIC: tl.constexpr, SHIFT: tl.constexpr, G: tl.constexpr):
@@ -228,13 +278,14 @@ if HAS_TRITON:
             r0, r1, r2, r3 = tl.randint4x(sd, offs4)
             rr = tl.reshape(tl.join(tl.join(r0, r1), tl.join(r2, r3)), (G, 32))
             rnd = (rr >> 8).to(tl.float32) * 5.960464477539063e-08
-            inv = tl.where(a < 2.0, 2.0, tl.where(a < 4.0, 1.0, 0.5))
-            step = 1.0 / inv
+            big = a >= 4.0
+            mid = a >= 2.0
+            inv = tl.where(big, 0.5, tl.where(mid, 1.0, 2.0))
+            step = tl.where(big, 2.0, tl.where(mid, 1.0, 0.5))
             lo = tl.floor(a * inv) * step
             q = tl.minimum(tl.where(rnd < (a - lo) * inv, lo + step, lo), 6.0)
         else:
-            q = tl.where(a > 5.0, 6.0, tl.where(a > 3.5, 4.0, tl.where(a > 2.5, 3.0, tl.where(
-                a > 1.75, 2.0, tl.where(a > 1.25, 1.5, tl.where(a > 0.75, 1.0, tl.where(a > 0.25, 0.5, 0.0)))))))
+            q = _rtn_e2m1(a)
         d = e - er + SHIFT
         val = tl.where(yq < 0, -q, q) * _exp2i(tl.maximum(d, -126))[:, None]
         return val, e
@@ -418,7 +469,10 @@ def mx_quantize(
     ``fp8`` (``"e4m3"``/``"e5m2"``) also returns the operand folded into FP8 with one scale per row.
     ``row_exp`` picks the row's fold exponent: ``"exact"`` (a first kernel pass finds the largest group
     exponent) or ``"bound"`` (one bandwidth-bound ``max|x|`` reduction gives an upper bound, at most
-    ~2.5 binades high: the values stay exact, the FP8 range left for small groups shrinks by that much).
+    ~2.5 binades high: the values stay exact, the FP8 range left for small groups shrinks by that much)
+    or ``"fused"`` (one full pass writes the signed E2M1 values into the FP8 buffer, int8 group
+    exponents and the row maxima; a cheap in-place pass then applies the fold — the same output and
+    flush count as ``"exact"`` without rotating and scaling the input twice).
     ``in_scale`` (float32, one power of two per *stored* row of ``x``) reads an FP8-folded operand back:
     the kernel multiplies ``x`` by it on load, so a saved FP8 ``X̂`` can be requantized without a bf16 copy.
     """
@@ -481,14 +535,18 @@ def mx_quantize(
                                    FP8_SHIFT=shift, **common)
         elif row_exp == "bound":
             rowexp = _row_exp_bound(x, axis, rule, hadamard)
+        elif row_exp == "fused":
+            rowexp = torch.full((R,), -127, device=dev, dtype=torch.int32)
         else:
-            raise ValueError(f"row_exp must be 'exact' or 'bound', got {row_exp!r}")
+            raise ValueError(f"row_exp must be 'exact', 'bound' or 'fused', got {row_exp!r}")
         out.fp8 = torch.empty(R, K, device=dev, dtype=getattr(torch, dtype_name))
         fp8_t = out.fp8
         out.rowexp = rowexp
         out.fp8_shift = shift
         out.flushed = flush
-        mode = MODE_FP8
+        mode = MODE_STAGE if row_exp == "fused" else MODE_FP8
+        if mode == MODE_STAGE:
+            e8_t = torch.empty(R, K // 32, device=dev, dtype=torch.int8)  # group exponents for stage 2
     else:
         shift = 0
         mode = MODE_MX if mx else MODE_DEQ
@@ -498,6 +556,9 @@ def mx_quantize(
         raise ValueError("nothing to compute: ask for deq, mask, mx or fp8")
     _mx_quant_kernel[grid](x, R, K, s_r, s_k, in_sc, sg, h, deq_t, mask_t, codes_t, e8_t, fp8_t, rowexp, flush, seed,
                            MODE=mode, WRITE_MASK=bool(mask), WRITE_DEQ=bool(deq), FP8_SHIFT=shift, **common)
+    if mode == MODE_STAGE:
+        _fp8_fold_kernel[grid](out.fp8, e8_t, rowexp, flush, R, K, FP8_SHIFT=shift, BLOCK_R=br, BLOCK_K=bk,
+                               num_warps=warps)
     if fp8 is not None:
         # row scale 2^(e_row - shift) [x4/3]; exact powers of two in float32
         out.row_scale = (torch.exp2((out.rowexp - out.fp8_shift).to(torch.float32)) * out.factor).unsqueeze(1)

@@ -84,7 +84,7 @@ def test_mx_codes_and_scales_match_oracle(rule, axis):
 
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
 @pytest.mark.parametrize("axis", [-1, 0])
-@pytest.mark.parametrize("row_exp", ["exact", "bound"])
+@pytest.mark.parametrize("row_exp", ["exact", "bound", "fused"])
 def test_fp8_fold_is_exact_and_counts_flushes(fmt, axis, row_exp):
     g = torch.Generator().manual_seed(3)
     x = torch.randn(64, 128, generator=g).to(torch.bfloat16)
@@ -108,6 +108,16 @@ def test_fp8_fold_is_exact_and_counts_flushes(fmt, axis, row_exp):
                         row_exp=row_exp)
     diff = (o2.fp8.cpu().float() * o2.row_scale.cpu() != o2.deq.cpu()).sum().item()
     assert o2.flushed.item() == diff > 0
+    if row_exp == "fused":  # the one-pass fold writes exactly what the two-pass fold writes
+        for kw in (dict(x=x, rule="quest", hadamard=True, mask=True), dict(x=stored, rule="quest", hadamard=False),
+                   dict(x=x, rule="absmax", stochastic=True, seed=5, hadamard=True)):
+            xin = kw.pop("x").to(DEV)
+            a = tq.mx_quantize(xin, axis=axis, fp8=fmt, deq=False, row_exp="exact", **kw)
+            b = tq.mx_quantize(xin, axis=axis, fp8=fmt, deq=False, row_exp="fused", **kw)
+            assert torch.equal(a.fp8.view(torch.uint8), b.fp8.view(torch.uint8))
+            assert torch.equal(a.row_scale, b.row_scale) and a.flushed.item() == b.flushed.item()
+            if a.mask is not None:
+                assert torch.equal(a.mask, b.mask)
 
 
 def test_sr_unbiased_reproducible_and_distinct_streams():
