@@ -15,7 +15,7 @@ import torch
 pytest.importorskip("triton")
 
 import quartet.quant as Q  # noqa: E402
-from quartet.config import PrecisionConfig  # noqa: E402
+from quartet.quant.config import PrecisionConfig  # noqa: E402
 from quartet.kernels import linear as L  # noqa: E402
 from quartet.kernels.backends import make_backend  # noqa: E402
 from quartet.model import Llama  # noqa: E402
