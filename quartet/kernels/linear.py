@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from quartet.kernels import gemm as G
-from quartet.kernels.triton_quant import absmax_dual_fp8, masked_inverse_hadamard, mx_quantize
+from quartet.kernels.triton_quant import absmax_dual_fp8, masked_inverse_hadamard, mx_quantize, signs_to_bits
 from quartet.quant.hadamard import random_signs
 from quartet.quant.linear import _GEMM_SLOT, _SLOT, QuantLinear, mix_seed
 
@@ -74,15 +74,24 @@ class _Ctx:
         if self.graph_safe:
             return torch.randint(0, 2, (32,), device=device).float() * 2 - 1
         g = torch.Generator().manual_seed(mix_seed(self.seed, self.step, self.layer_index, call, _GEMM_SLOT[gemm]))
-        s = random_signs(32, g)
-        if torch.device(device).type == "cuda":
-            # pinned + non_blocking: a pageable host-to-device copy would make the host wait for the GPU
-            return s.pin_memory().to(device, non_blocking=True)
-        return s.to(device)
+        return random_signs(32, g, device)
+
+    def sign_arg(self, call: int, gemm: str, device):
+        """The signs as the quantizer takes them: a 32-bit mask passed by value (no host-to-device copy,
+        which would make the host wait for the GPU), or the device tensor in ``graph_safe`` mode."""
+        if self.graph_safe:
+            return self.signs(call, gemm, device)
+        return signs_to_bits(self.signs(call, gemm, None))
+
+    def flush_counter(self, device) -> torch.Tensor:
+        """The layer's device counter of flushed FP8 values; the kernels add to it directly."""
+        if self.flushed is None:
+            self.flushed = torch.zeros(1, device=device, dtype=torch.int32)
+        return self.flushed
 
     def add_flushed(self, *ops):
         for op in ops:
-            if op.flushed is not None:
+            if op.flushed is not None and op.flushed is not self.flushed:
                 self.flushed = op.flushed.clone() if self.flushed is None else self.flushed + op.flushed
 
 
@@ -91,6 +100,7 @@ def _q(x, ctx: _Ctx, **kw):
         kw.setdefault("fp8", "e4m3")
         kw.setdefault("deq", False)
         kw.setdefault("row_exp", ROW_EXP)
+        kw["flush"] = ctx.flush_counter(x.device)
     elif ctx.engine == "blackwell_mxfp4":
         kw["mx"] = True
         kw.setdefault("deq", False)
@@ -138,7 +148,7 @@ class QuartetLinearFn(torch.autograd.Function):
         e = e.contiguous().to(torch.bfloat16)
         dev = e.device
         # one set of random signs per backward GEMM, as in the reference QuantLinear
-        s_dx, s_dw = st.signs(call, "dx", dev), st.signs(call, "dw", dev)
+        s_dx, s_dw = st.sign_arg(call, "dx", dev), st.sign_arg(call, "dw", dev)
         kw = dict(rule="absmax", stochastic=st.stochastic)
         if st.engine == "hopper_fp8" and DUAL_E and e.shape[0] % 32 == 0 and st.graph_safe:
             # both quantizations of E from one read per pass (needs one set of signs for both GEMMs,

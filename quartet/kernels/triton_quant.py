@@ -89,7 +89,7 @@ if HAS_TRITON:
         x_ptr, R, K, stride_r, stride_k, in_scale_ptr,
         signs_ptr, h_ptr,
         deq_ptr, mask_ptr, codes_ptr, scale_ptr, fp8_ptr, rowexp_ptr, flush_ptr,
-        seed,
+        seed, signs_bits,
         RULE: tl.constexpr, STOCHASTIC: tl.constexpr, HADAMARD: tl.constexpr, HAS_SIGNS: tl.constexpr,
         MODE: tl.constexpr, WRITE_MASK: tl.constexpr, WRITE_DEQ: tl.constexpr, DOT_BF16: tl.constexpr,
         IN_SCALE: tl.constexpr, COL_ORDER: tl.constexpr, FP8_SHIFT: tl.constexpr, SEED_PTR: tl.constexpr,
@@ -125,8 +125,12 @@ if HAS_TRITON:
         # ---- rotation: (x ⊙ signs) @ H±1, then 1/sqrt(32) -----------------------------------------
         if HADAMARD:
             h = tl.load(h_ptr + c[:, None] * 32 + c[None, :])
-            if HAS_SIGNS:
+            if HAS_SIGNS == 1:
                 sg = tl.load(signs_ptr + c)
+            elif HAS_SIGNS == 2:
+                # signs passed by value as a 32-bit mask (bit i set: sign i is -1): no host-to-device copy
+                sg = 1.0 - 2.0 * ((signs_bits >> c) & 1).to(tl.float32)
+            if HAS_SIGNS != 0:
                 h = h * sg[:, None]  # diag(s) @ H: still ±1, so the products stay exact
             if DOT_BF16 == 1:
                 y = tl.dot(xg.to(tl.bfloat16), h.to(tl.bfloat16), out_dtype=tl.float32)
@@ -236,8 +240,9 @@ if HAS_TRITON:
                 tl.store(fp8_ptr + out_offs, f8, mask=inb)
 
     @triton.jit
-    def _fp8_fold_kernel(fp8_ptr, gexp_ptr, rowexp_ptr, flush_ptr, R, K,
-                         FP8_SHIFT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+    def _fp8_fold_kernel(fp8_ptr, gexp_ptr, rowexp_ptr, flush_ptr, rowscale_ptr, R, K,
+                         FP8_SHIFT: tl.constexpr, FACTOR: tl.constexpr, BLOCK_R: tl.constexpr,
+                         BLOCK_K: tl.constexpr):
         """Stage 2 of the one-pass FP8 fold (in place): ±q  ->  fp8(±q · 2^(e_g − e_row + shift)).
 
         The same arithmetic and flush rule as MODE 3 of ``_mx_quant_kernel``, on 1 byte per element
@@ -261,6 +266,13 @@ if HAS_TRITON:
         flushed = (f8.to(tl.float32) != val) & inb
         tl.atomic_add(flush_ptr, tl.sum(tl.sum(flushed.to(tl.int32), axis=1), axis=0))
         tl.store(fp8_ptr + offs, f8, mask=inb)
+        if tl.program_id(1) == 0:
+            # the row scales 2^(e_row − shift)·factor (in two exact factors: the exponent can be < −126)
+            rr = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+            p = tl.load(rowexp_ptr + rr, mask=rr < R, other=0) - FP8_SHIFT
+            half = p >> 1
+            sc = (_exp2i(half) * _exp2i(p - half)) * FACTOR
+            tl.store(rowscale_ptr + rr, sc, mask=rr < R)
 
     @triton.jit
     def _absmax43_fold(y, er, sd, gid, STOCHASTIC: tl.constexpr, SHIFT: tl.constexpr, G: tl.constexpr):
@@ -391,6 +403,14 @@ def _hmat(device: torch.device) -> torch.Tensor:
     return _H_CACHE[key]
 
 
+def signs_to_bits(signs: torch.Tensor) -> int:
+    """The 32-bit mask of 32 ±1 signs (bit i set where sign i is −1), for ``mx_quantize(signs=int)``."""
+    neg = (signs.reshape(-1) < 0).tolist()
+    if len(neg) != 32:
+        raise ValueError(f"expected 32 signs, got {len(neg)}")
+    return sum(1 << i for i, n in enumerate(neg) if n)
+
+
 class QuantizedOperand:
     """One quantized GEMM operand, always laid out ``(R, K)`` row-major with groups of 32 along ``K``.
 
@@ -457,6 +477,7 @@ def mx_quantize(
     block: tuple[int, int, int] | None = None,
     row_exp: str = "exact",
     in_scale: torch.Tensor | None = None,
+    flush: torch.Tensor | None = None,
 ) -> QuantizedOperand:
     """Quantize a 2-D operand to MXFP4 in one fused pass (plus a row-exponent pass when ``fp8`` is set).
 
@@ -473,6 +494,9 @@ def mx_quantize(
     or ``"fused"`` (one full pass writes the signed E2M1 values into the FP8 buffer, int8 group
     exponents and the row maxima; a cheap in-place pass then applies the fold — the same output and
     flush count as ``"exact"`` without rotating and scaling the input twice).
+    ``signs`` may also be a Python int, the 32-bit mask of the negative signs (bit i: sign i is −1), passed
+    to the kernel by value (no host-to-device copy; see :func:`signs_to_bits`). ``flush`` (int32, one
+    element, on the device) is the counter the FP8 fold adds its flushed values to (default: a new one).
     ``in_scale`` (float32, one power of two per *stored* row of ``x``) reads an FP8-folded operand back:
     the kernel multiplies ``x`` by it on load, so a saved FP8 ``X̂`` can be requantized without a bf16 copy.
     """
@@ -491,7 +515,12 @@ def mx_quantize(
         bk //= 2
     grid = (triton.cdiv(R, br), triton.cdiv(K, bk))
     h = _hmat(dev)
-    sg = signs.to(device=dev, dtype=torch.float32).contiguous() if signs is not None else h  # dummy ptr if unused
+    if isinstance(signs, int):
+        sg, bits, sign_mode = h, int(signs) & 0xFFFF_FFFF, 2
+    elif signs is not None:
+        sg, bits, sign_mode = signs.to(device=dev, dtype=torch.float32).contiguous(), 0, 1
+    else:
+        sg, bits, sign_mode = h, 0, 0  # dummy pointer if unused
     dummy = torch.empty(1, device=dev, dtype=torch.int32)
     out = QuantizedOperand(factor=4.0 / 3.0 if rule == "absmax" else 1.0)
     if deq:
@@ -511,7 +540,7 @@ def mx_quantize(
     if seed_ptr and (seed.numel() != 1 or seed.device != x.device):
         raise ValueError("a tensor seed must be one integer on the operand's device")
     common = dict(SEED_PTR=seed_ptr,
-        RULE=RULES[rule], STOCHASTIC=bool(stochastic), HADAMARD=bool(hadamard), HAS_SIGNS=signs is not None,
+        RULE=RULES[rule], STOCHASTIC=bool(stochastic), HADAMARD=bool(hadamard), HAS_SIGNS=sign_mode,
         # bf16 tensor-core dot on the GPU (exact: ±1 weights); the CPU interpreter has no bf16 dot
         # tensor-core dots on the GPU: bf16 (exact for bf16/FP8 inputs), three bf16 slices for float32;
         # the CPU interpreter has no bf16 dot and uses an IEEE float32 dot
@@ -520,18 +549,19 @@ def mx_quantize(
     )
     mask_t = out.mask.view(torch.int8) if mask else dummy
     deq_t = out.deq if deq else dummy
-    codes_t = e8_t = fp8_t = rowexp = flush = dummy
+    codes_t = e8_t = fp8_t = rowexp = dummy
+    flush_in, flush = flush, dummy
     if mx:
         out.codes = torch.empty(R, K // 2, device=dev, dtype=torch.uint8)
         out.e8m0 = torch.empty(R, K // 32, device=dev, dtype=torch.uint8)
         codes_t, e8_t = out.codes, out.e8m0
     if fp8 is not None:
         dtype_name, shift, _ = FP8_FORMATS[fp8]
-        flush = torch.zeros(1, device=dev, dtype=torch.int32)
+        flush = flush_in if flush_in is not None else torch.zeros(1, device=dev, dtype=torch.int32)
         if row_exp == "exact":
             rowexp = torch.full((R,), -127, device=dev, dtype=torch.int32)
             _mx_quant_kernel[grid](x, R, K, s_r, s_k, in_sc, sg, h, dummy, dummy, dummy, dummy, dummy, rowexp, dummy,
-                                   seed, MODE=MODE_ROWEXP, WRITE_MASK=False, WRITE_DEQ=False,
+                                   seed, bits, MODE=MODE_ROWEXP, WRITE_MASK=False, WRITE_DEQ=False,
                                    FP8_SHIFT=shift, **common)
         elif row_exp == "bound":
             rowexp = _row_exp_bound(x, axis, rule, hadamard)
@@ -554,12 +584,14 @@ def mx_quantize(
         raise ValueError("ask for mx codes or fp8, not both, in one call")
     if mode == MODE_DEQ and not (deq or mask):
         raise ValueError("nothing to compute: ask for deq, mask, mx or fp8")
-    _mx_quant_kernel[grid](x, R, K, s_r, s_k, in_sc, sg, h, deq_t, mask_t, codes_t, e8_t, fp8_t, rowexp, flush, seed,
+    _mx_quant_kernel[grid](x, R, K, s_r, s_k, in_sc, sg, h, deq_t, mask_t, codes_t, e8_t, fp8_t, rowexp, flush, seed, bits,
                            MODE=mode, WRITE_MASK=bool(mask), WRITE_DEQ=bool(deq), FP8_SHIFT=shift, **common)
     if mode == MODE_STAGE:
-        _fp8_fold_kernel[grid](out.fp8, e8_t, rowexp, flush, R, K, FP8_SHIFT=shift, BLOCK_R=br, BLOCK_K=bk,
-                               num_warps=warps)
-    if fp8 is not None:
+        rs = torch.empty(R, 1, device=dev, dtype=torch.float32)
+        _fp8_fold_kernel[grid](out.fp8, e8_t, rowexp, flush, rs, R, K, FP8_SHIFT=shift, FACTOR=float(out.factor),
+                               BLOCK_R=br, BLOCK_K=bk, num_warps=warps)
+        out.row_scale = rs
+    elif fp8 is not None:
         # row scale 2^(e_row - shift) [x4/3]; exact powers of two in float32
         out.row_scale = (torch.exp2((out.rowexp - out.fp8_shift).to(torch.float32)) * out.factor).unsqueeze(1)
     return out

@@ -47,6 +47,10 @@ def test_quest_bitwise_with_fused_rotation(shape, axis, with_signs):
     ref, ref_mask = mx.quest_mxfp4(hadamard.block_hadamard(xl, 32, signs))
     assert torch.equal(out.deq.cpu(), ref)
     assert torch.equal(out.mask.cpu(), ref_mask)
+    if with_signs:  # the same signs passed by value as a 32-bit mask
+        bits = tq.mx_quantize(x.to(DEV), axis=axis, rule="quest", signs=tq.signs_to_bits(signs), mask=True,
+                              out_dtype=torch.float32)
+        assert torch.equal(bits.deq.cpu(), ref)
 
 
 @pytest.mark.parametrize("rule", ["absmax", "rtn_absmax"])
