@@ -108,8 +108,9 @@ def raw_to_params(raw: np.ndarray) -> dict[str, float]:
 
 
 def params_to_raw(p: dict[str, float]) -> np.ndarray:
-    """Inverse of :func:`raw_to_params`."""
-    return np.array([np.log(p["A"]), p["alpha"], np.log(p["B"]), p["beta"], np.log(p["E"]), p["gamma"]])
+    """Inverse of :func:`raw_to_params` (E = 0, a fit that drove E to its floor, maps to e = -inf quietly)."""
+    with np.errstate(divide="ignore"):
+        return np.array([np.log(p["A"]), p["alpha"], np.log(p["B"]), p["beta"], np.log(p["E"]), p["gamma"]])
 
 
 def _parts(raw: np.ndarray, log_n: np.ndarray, log_d: np.ndarray):

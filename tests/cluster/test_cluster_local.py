@@ -143,7 +143,7 @@ def test_smoke_sweep_local_acceptance(tmp_path, capsys):
     assert "27 completed, 0 failed" in capsys.readouterr().out
     rows = [json.loads(p.read_text()) for p in (root / "smoke").glob("*/summary.json")]
     loss = {(r["precision"], r["model"], r["tokens"]): r["val_loss"] for r in rows}
-    models, budgets = ["llama_nano", "llama_micro", "llama_tiny"], [20480, 40960, 81920]
+    models, budgets = ["llama_nano", "llama_micro", "llama_tiny"], [131072, 262144, 524288]
     for p in ("bf16", "fp8", "quartet"):
         for d in budgets:
             by_n = [loss[(p, m, d)] for m in models]
