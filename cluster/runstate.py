@@ -19,6 +19,8 @@ state (e.g. ``CANCELLED``) in the error, so the next launch resumes it from its 
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import socket
@@ -135,6 +137,24 @@ def try_claim(run_dir: Path, info: dict[str, Any], queue: dict[str, str] | None)
     """Atomically claim ``run_dir`` for this launcher. False if someone alive holds it."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    # Deciding "stale" and breaking the claim must be one step: without the lock, a contender that
+    # judged the old claim stale could rename away the fresh claim another contender just created.
+    with _claim_lock(run_dir):
+        return _try_claim_locked(run_dir, info, queue)
+
+
+@contextlib.contextmanager
+def _claim_lock(run_dir: Path):
+    """Exclusive advisory lock (flock) serialising claim attempts on one run directory."""
+    fd = os.open(run_dir / ".claim.lock", os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def _try_claim_locked(run_dir: Path, info: dict[str, Any], queue: dict[str, str] | None) -> bool:
     path = run_dir / CLAIM
     record = {"pid": os.getpid(), "host": socket.gethostname(), "time": time.time(), "job_id": None, **info}
     for _ in range(3):

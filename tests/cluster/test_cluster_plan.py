@@ -188,7 +188,9 @@ def test_concurrent_claims_one_winner(tmp_path):
     runstate.atomic_write_text(d / runstate.CLAIM, json.dumps(
         {"pid": 2**22 + 12345, "host": socket.gethostname(), "time": time.time(), "scheduler": "local"}))
     code = ("import sys, time; from cluster import runstate; time.sleep(0.3 - time.time() % 0.3); "
-            f"print(int(runstate.try_claim({str(d)!r}, {{}}, None)))")
+            f"won = runstate.try_claim({str(d)!r}, {{}}, None); print(int(won), flush=True); "
+            # a winner stays alive past the race: a claim whose process has exited is rightly stale
+            "time.sleep(3 if won else 0)")
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
     procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env) for _ in range(6)]
     wins = [int(p.communicate()[0].strip() or 0) for p in procs]

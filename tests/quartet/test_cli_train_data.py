@@ -84,12 +84,3 @@ def test_data_cli_prepare_verify_and_errors(tmp_path, capsys):
     assert err.startswith("quartet: error: data: shard") and "\n" not in err
     assert data_main(["prepare", "data=nope"]) == 2
     assert "data=nope: unknown data; allowed: c4, files, shakespeare" in capsys.readouterr().err
-
-
-def test_demo_placeholder_trains_and_prints_the_val_loss(tmp_path, capsys, tiny_overrides):
-    from quartet.demo import cli_main as demo_main
-
-    assert demo_main([*tiny_overrides, "budget.tokens=10240", f"run.out_dir={tmp_path}"]) == 0
-    out = capsys.readouterr().out
-    assert "[data] shakespeare_small" in out and "[demo] final validation loss" in out
-    assert len(list(tmp_path.rglob("summary.json"))) == 1
