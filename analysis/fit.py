@@ -198,8 +198,11 @@ def _polish(law: Law, x0: np.ndarray, log_n, log_d, log_obs, delta: float):
     def jac(x):
         return residuals_and_jac(law.full(x), log_n, log_d, log_obs, law.free)[1]
 
-    return least_squares(fun, x0, jac=jac, loss="huber", f_scale=delta, method="trf",
-                         x_scale="jac", max_nfev=400, ftol=1e-10, xtol=1e-10, gtol=1e-10)
+    # Far-off starts overflow inside scipy's trust-region step; the start then just loses to better ones,
+    # so keep those warnings out of the user's terminal.
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        return least_squares(fun, x0, jac=jac, loss="huber", f_scale=delta, method="trf",
+                             x_scale="jac", max_nfev=400, ftol=1e-10, xtol=1e-10, gtol=1e-10)
 
 
 def fit_base(n, d, loss, law: Law = BUSBRIDGE, *, delta: float = HUBER_DELTA, starts: np.ndarray | None = None,
