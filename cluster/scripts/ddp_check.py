@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-BUNDLE = REPO / ".cache" / "ddp_check"
+BUNDLE = Path(os.environ.get("DDP_CHECK_BUNDLE", REPO / ".cache" / "ddp_check"))
 
 
 def prepare(args) -> int:
@@ -33,7 +34,12 @@ def prepare(args) -> int:
     cfg = compose([f"model={args.model}", "budget=tokens", f"budget.tokens={args.tokens}", "data=shakespeare_small",
                    "logging=quiet", "logging.log_every=1", "logging.progress=false", "run.device=cuda",
                    f"run.amp={str(args.amp).lower()}", f"precision={args.precision}", "run.name=ddp_check",
-                   f"optim.batch_size={args.batch}"])
+                   f"optim.batch_size={args.batch}",
+                   # the same micro-batches in both runs: 1 GPU accumulates two, 2 GPUs take one each. (With the
+                   # default, 1 GPU would run ONE micro-batch of the whole batch: the same maths for bf16, but
+                   # precision schemes draw their random Hadamard signs per micro-batch, so a quartet run would
+                   # see different signs for half of the tokens and the curves could not be compared.)
+                   f"optim.micro_batch_size={args.batch // 2}"])
     res = resolve(cfg, world_size=2)  # the batch must split over 2 ranks
     data_dir = prepare_data(cfg.data, progress=False)
     if BUNDLE.exists():
@@ -77,14 +83,15 @@ def compare(args) -> int:
     assert [s for s, _ in one] == [s for s, _ in two], "different logged steps"
     diffs = [abs(a - b) for (_, a), (_, b) in zip(one, two)]
     every = max(1, len(one) // 20)
-    print(f"{'step':>6} {'loss 1 GPU':>12} {'loss 2 GPUs':>12} {'|diff|':>10}")
+    la, lb = (args.labels or "1 GPU,2 GPUs").split(",")
+    print(f"{'step':>6} {'loss ' + la:>14} {'loss ' + lb:>14} {'|diff|':>10}")
     for i, ((s, a), (_, b)) in enumerate(zip(one, two)):
         if i % every == 0 or i == len(one) - 1:
-            print(f"{s:6d} {a:12.6f} {b:12.6f} {abs(a - b):10.2e}")
+            print(f"{s:6d} {a:14.6f} {b:14.6f} {abs(a - b):10.2e}")
     s1 = json.loads(next(Path(args.out1).glob("ddp_check/*/summary.json")).read_text())
     s2 = json.loads(next(Path(args.out2).glob("ddp_check/*/summary.json")).read_text())
     print(f"max |loss diff| over {len(one)} steps: {max(diffs):.3e} (at step {one[diffs.index(max(diffs))][0]}); "
-          f"final val_loss 1 GPU {s1['val_loss']:.6f} vs 2 GPUs {s2['val_loss']:.6f} "
+          f"final val_loss {la} {s1['val_loss']:.6f} vs {lb} {s2['val_loss']:.6f} "
           f"(diff {abs(s1['val_loss'] - s2['val_loss']):.3e}); tokens/s {s1['tokens_per_s']:.0f} vs {s2['tokens_per_s']:.0f}")
     ok = max(diffs) <= args.tol
     print(("PASS" if ok else "FAIL") + f": tolerance {args.tol:g}")
@@ -107,6 +114,7 @@ def main(argv=None) -> int:
     c.add_argument("out1")
     c.add_argument("out2")
     c.add_argument("--tol", type=float, default=5e-3)
+    c.add_argument("--labels", default=None, help="names of the two runs, comma-separated")
     args = p.parse_args(argv)
     return {"prepare": prepare, "train": train, "compare": compare}[args.cmd](args)
 

@@ -79,10 +79,28 @@ def bench_quant(rows: int = 16384, cols: int = 4096, sweep: bool = False) -> dic
         "bwd_sr_absmax_deq_bf16_transposed": (dict(rule="absmax", stochastic=True, signs=signs, axis=0), 2 * n + 2 * n),
         "fwd_quest_mx_codes": (dict(rule="quest", mask=True, deq=False, mx=True), 2 * n + n // 2 + n // 32 + n),
     }
-    # the one-pass FP8 fold (row_exp="fused"): one full pass + a cheap in-place fold, as the fused layer runs
+    # the one-pass FP8 fold (row_exp="fused"): one full pass + a cheap in-place fold (fp8_scaling "row")
     for name in ("fwd_quest_mask_fp8_e4m3", "bwd_sr_absmax_fp8_e4m3", "bwd_sr_absmax_fp8_e5m2_transposed"):
         kw, nbytes = recipes[name]
         recipes[name + "_fused"] = ({**kw, "row_exp": "fused"}, nbytes)
+    # block-scaled FP8 written in one pass (what the fused layer runs by default); scales are n/128 floats
+    sb = 4 * n // 128
+    recipes.update({
+        "fwd_quest_mask_fp8_block1x128": (dict(rule="quest", mask=True, deq=False, fp8="e4m3", fp8_block=1),
+                                          2 * n + n + n + sb),
+        "fwd_quest_mask_fp8_block128x128": (dict(rule="quest", mask=True, deq=False, fp8="e4m3", fp8_block=128),
+                                            2 * n + n + n),
+        "bwd_rtn_absmax_fp8_block1x128": (dict(rule="absmax", signs=signs, deq=False, fp8="e4m3", fp8_block=1),
+                                          2 * n + n + sb),
+        "bwd_sr_absmax_fp8_block1x128": (dict(rule="absmax", stochastic=True, signs=signs, deq=False, fp8="e4m3",
+                                              fp8_block=1), 2 * n + n + sb),
+        "bwd_rtn_absmax_fp8_block1x128_transposed": (dict(rule="absmax", signs=signs, deq=False, fp8="e4m3",
+                                                          fp8_block=1, axis=0), 2 * n + n + sb),
+        "bwd_rtn_absmax_fp8_block128x128_transposed": (dict(rule="absmax", signs=signs, deq=False, fp8="e4m3",
+                                                            fp8_block=128, axis=0), 2 * n + n),
+        "bwd_sr_absmax_deq_bf16_hash": (dict(rule="absmax", stochastic=True, signs=signs, sr_rng="hash"),
+                                          2 * n + 2 * n),
+    })
     out = {"shape": [rows, cols], "copy_ms": t_copy, "copy_GBps": copy_bw, "recipes": {}, "tiles": {}}
     if sweep:
         import quartet.kernels.triton_quant as TQ
@@ -98,6 +116,18 @@ def bench_quant(rows: int = 16384, cols: int = 4096, sweep: bool = False) -> dic
             out["tiles"][str(tile)] = row
             _log(f"  tile {tile}: " + "  ".join(f"{k} {v:.1%}" for k, v in row.items()))
         TQ.GPU_BLOCK = default
+    # warps of the 128-row tiles (fp8_block=128): time 4/8/16 and keep the best for the rest of the run
+    import quartet.kernels.triton_quant as TQ
+
+    out["block128_warps"] = {}
+    for w in (4, 8, 16):
+        TQ.BLOCK128_WARPS = w
+        out["block128_warps"][w] = {name: _bench(lambda kw=recipes[name][0]: mx_quantize(x, seed=1, **kw))
+                                    for name in ("fwd_quest_mask_fp8_block128x128",
+                                                 "bwd_rtn_absmax_fp8_block128x128_transposed")}
+        _log(f"  128-row tiles, {w} warps: " + "  ".join(f"{k} {v * 1e3:.1f} us" for k, v in out["block128_warps"][w].items()))
+    TQ.BLOCK128_WARPS = min(out["block128_warps"], key=lambda w: sum(out["block128_warps"][w].values()))
+    out["block128_warps_chosen"] = TQ.BLOCK128_WARPS
     for name, (kw, nbytes) in recipes.items():
         seed = [0]
 
@@ -144,13 +174,19 @@ def bench_linear(shapes=LINEAR_SHAPES) -> dict:
         a1, b1 = mx_quantize(x.detach(), rule="quest", fp8="e4m3"), mx_quantize(w.detach(), rule="quest", fp8="e4m3")
         a2, b2 = mx_quantize(e, rule="absmax", fp8="e4m3"), mx_quantize(w.detach(), rule="absmax", axis=0, fp8="e4m3")
         a3, b3 = mx_quantize(e, rule="absmax", axis=0, fp8="e5m2"), mx_quantize(x.detach(), rule="absmax", axis=0, fp8="e4m3")
-        row["fp8_gemms_ms"] = _bench(lambda: (G.hopper_fp8_mm(a1, b1), G.hopper_fp8_mm(a2, b2), G.hopper_fp8_mm(a3, b3)))
+        row["fp8_row_gemms_ms"] = _bench(lambda: (G.hopper_fp8_mm(a1, b1), G.hopper_fp8_mm(a2, b2), G.hopper_fp8_mm(a3, b3)))
+        # the same with block scales (1x128 left operand, 128x128 right operand), what the layer runs
+        L1, R128 = dict(fp8="e4m3", fp8_block=1), dict(fp8="e4m3", fp8_block=128)
+        c1, d1 = mx_quantize(x.detach(), rule="quest", **L1), mx_quantize(w.detach(), rule="quest", **R128)
+        c2, d2 = mx_quantize(e, rule="absmax", **L1), mx_quantize(w.detach(), rule="absmax", axis=0, **R128)
+        c3, d3 = mx_quantize(e, rule="absmax", axis=0, **L1), mx_quantize(x.detach(), rule="absmax", axis=0, **R128)
+        row["fp8_gemms_ms"] = _bench(lambda: (G.hopper_fp8_mm(c1, d1), G.hopper_fp8_mm(c2, d2), G.hopper_fp8_mm(c3, d3)))
         import quartet.kernels.linear as LIN
 
-        default_row_exp = LIN.ROW_EXP
-        for engine, sr, row_exp in [("hopper_fp8", False, "fused"), ("hopper_fp8", True, "fused"),
-                                    ("hopper_fp8", False, "exact"), ("triton", False, "fused"), ("triton", True, "fused")]:
-            LIN.ROW_EXP = row_exp
+        default_row_exp, default_scaling = LIN.ROW_EXP, LIN.FP8_SCALING
+        for engine, sr, scaling in [("hopper_fp8", False, "block"), ("hopper_fp8", True, "block"),
+                                    ("hopper_fp8", False, "row"), ("triton", False, "block"), ("triton", True, "block")]:
+            LIN.FP8_SCALING = scaling
             if True:
                 lin = QuartetLinear(K, N, engine=engine, stochastic=sr, device=dev)
                 with torch.no_grad():
@@ -160,7 +196,7 @@ def bench_linear(shapes=LINEAR_SHAPES) -> dict:
                     y = lin(x)
                     y.backward(e)
 
-                key = f"quartet_{engine}_{'sr' if sr else 'rtn'}" + ("_rowexact" if row_exp == "exact" else "")
+                key = f"quartet_{engine}_{'sr' if sr else 'rtn'}" + ("_row" if scaling == "row" else "")
                 row[key + "_ms"] = _bench(q_step)
                 row[key + "_ratio"] = row[key + "_ms"] / row["bf16_ms"]
                 if engine == "hopper_fp8":
@@ -168,7 +204,7 @@ def bench_linear(shapes=LINEAR_SHAPES) -> dict:
                     q_step()
                     torch.cuda.synchronize()
                     row[key + "_flushed_per_step"] = int(lin.state.flushed.item()) if lin.state.flushed is not None else 0
-        LIN.ROW_EXP = default_row_exp
+        LIN.ROW_EXP, LIN.FP8_SCALING = default_row_exp, default_scaling
         # the same layers captured in CUDA graphs (launch overhead removed; fresh device seeds per replay)
         for sr in (False, True):
             lin = QuartetLinear(K, N, engine="hopper_fp8", stochastic=sr, device=dev, graph_safe=True)
@@ -189,21 +225,29 @@ def bench_linear(shapes=LINEAR_SHAPES) -> dict:
 
         mxk = torch.ones(T, K, device=dev, dtype=torch.bool)
         g = torch.randn(T, K, device=dev, dtype=torch.bfloat16)
-        for suffix, rx in (("", "fused"), ("_rowexact", "exact")):
-            row[f"quantizers{suffix}_ms"] = _bench(lambda rx=rx: (
-                mx_quantize(x.detach(), rule="quest", mask=True, deq=False, fp8="e4m3", row_exp=rx),
-                mx_quantize(w.detach(), rule="quest", mask=True, deq=False, fp8="e4m3", row_exp=rx),
-                mx_quantize(e, rule="absmax", deq=False, fp8="e4m3", row_exp=rx),
-                mx_quantize(w.detach(), rule="absmax", axis=0, deq=False, fp8="e4m3", row_exp=rx),
-                mx_quantize(e, rule="absmax", axis=0, deq=False, fp8="e5m2", row_exp=rx),
-                mx_quantize(x.detach(), rule="absmax", axis=0, deq=False, fp8="e4m3", row_exp=rx)))
+        row["quantizers_row_ms"] = _bench(lambda rx="fused": (
+            mx_quantize(x.detach(), rule="quest", mask=True, deq=False, fp8="e4m3", row_exp=rx),
+            mx_quantize(w.detach(), rule="quest", mask=True, deq=False, fp8="e4m3", row_exp=rx),
+            mx_quantize(e, rule="absmax", deq=False, fp8="e4m3", row_exp=rx),
+            mx_quantize(w.detach(), rule="absmax", axis=0, deq=False, fp8="e4m3", row_exp=rx),
+            mx_quantize(e, rule="absmax", axis=0, deq=False, fp8="e5m2", row_exp=rx),
+            mx_quantize(x.detach(), rule="absmax", axis=0, deq=False, fp8="e4m3", row_exp=rx)))
+        # the six block-scaled calls of one layer step, the backward ones reading the saved FP8 X̂ / Ŵ
+        row["quantizers_ms"] = _bench(lambda: (
+            mx_quantize(x.detach(), rule="quest", mask=True, deq=False, **L1),
+            mx_quantize(w.detach(), rule="quest", mask=True, deq=False, **R128),
+            mx_quantize(e, rule="absmax", deq=False, **L1),
+            mx_quantize(d1.fp8, rule="absmax", axis=0, deq=False, in_scale=d1.block_scale,
+                        in_scale_rows=128, **R128),
+            mx_quantize(e, rule="absmax", axis=0, deq=False, **L1),
+            mx_quantize(c1.fp8, rule="absmax", axis=0, deq=False, in_scale=c1.block_scale, in_scale_rows=1, **R128)))
         row["inverse_rotations_ms"] = _bench(lambda: masked_inverse_hadamard(g, mxk))
         _log(f"  linear {T}x{K}x{N}: bf16 {row['bf16_ms']:.3f} ms | quartet hopper_fp8 rtn "
              f"{row['quartet_hopper_fp8_rtn_ms']:.3f} ms ({row['quartet_hopper_fp8_rtn_ratio']:.2f}x) | "
              f"GEMM-only fp8/bf16 {row['gemm_only_ratio']:.2f} | quantizers {row['quantizers_ms']:.3f} ms | "
              f"graphed: bf16 {row['bf16_graph_ms']:.3f} ms, quartet rtn {row['quartet_hopper_fp8_rtn_graph_ms']:.3f} ms "
              f"({row['quartet_hopper_fp8_rtn_graph_ratio']:.2f}x) sr {row['quartet_hopper_fp8_sr_graph_ratio']:.2f}x | "
-             f"two-pass row exponent {row['quartet_hopper_fp8_rtn_rowexact_ratio']:.2f}x | sr {row['quartet_hopper_fp8_sr_ratio']:.2f}x | "
+             f"row-scaled {row['quartet_hopper_fp8_rtn_row_ratio']:.2f}x | sr {row['quartet_hopper_fp8_sr_ratio']:.2f}x | "
              f"triton engine {row['quartet_triton_rtn_ratio']:.2f}x")
         res.append(row)
         del x, w, e

@@ -32,6 +32,12 @@ ENGINES = ("hopper_fp8", "blackwell_mxfp4", "triton")
 #: how the FP8 fold picks each row's exponent ("exact" extra kernel pass, one-pass "bound", or "fused":
 #: one full pass + a cheap in-place fold; see mx_quantize)
 ROW_EXP = "fused"
+#: how the hopper engine scales its FP8 operands: "block" — one scale per 1×128 block of the left
+#: operand and per 128×128 block of the right one, written by the quantizer in a single pass and
+#: multiplied by ``F.scaled_mm``'s block-wise recipes (needs in/out features that are multiples of 128;
+#: tokens are zero-padded to 128) — or "row": one scale per row (``torch._scaled_mm`` rowwise), which
+#: needs each row's largest group exponent first (ROW_EXP)
+FP8_SCALING = "block"
 #: quantize the output gradient for both backward GEMMs in one fused pass (hopper engine). Off: the
 #: dual kernel agrees with the oracle in Triton's CPU interpreter but not yet on the H200 (see docs/kernels.md)
 DUAL_E = False
@@ -109,6 +115,12 @@ def _q(x, ctx: _Ctx, **kw):
     return mx_quantize(x, **kw)
 
 
+def _use_blocks(state: _Ctx, in_features: int, out_features: int) -> bool:
+    """Whether the hopper engine runs block-scaled FP8 operands for a layer of this shape."""
+    return (state.engine == "hopper_fp8" and FP8_SCALING == "block"
+            and in_features % 128 == 0 and out_features % 128 == 0)
+
+
 def _mm(ctx: _Ctx, a, b):
     if ctx.engine == "hopper_fp8":
         return G.hopper_fp8_mm(a, b)
@@ -128,14 +140,20 @@ class QuartetLinearFn(torch.autograd.Function):
         # hopper engine they are kept as the FP8 tensors + power-of-two row scales the forward GEMM
         # already used (1 byte/element, no bf16 copy); elsewhere as exact bf16 values.
         fp8 = state.engine == "hopper_fp8"
-        qx = _q(x2d, state, rule="quest", mask=True, deq=not fp8)
-        qw = _q(w, state, rule="quest", mask=True, deq=not fp8)
+        # block-scaled FP8: X (the GEMM's left operand) per 1×128, W (right) per 128×128 block
+        blocks = _use_blocks(state, w.shape[1], w.shape[0]) and x2d.shape[0] % 128 == 0
+        bx, bw = ({"fp8_block": 1}, {"fp8_block": 128}) if blocks else ({}, {})
+        qx = _q(x2d, state, rule="quest", mask=True, deq=not fp8, **bx)
+        qw = _q(w, state, rule="quest", mask=True, deq=not fp8, **bw)
         state.add_flushed(qx, qw)
         y = _mm(state, qx, qw)
-        if fp8:
+        if blocks:
+            ctx.save_for_backward(qx.fp8, qx.block_scale, qx.mask, qw.fp8, qw.block_scale, qw.mask)
+        elif fp8:
             ctx.save_for_backward(qx.fp8, qx.row_scale, qx.mask, qw.fp8, qw.row_scale, qw.mask)
         else:
             ctx.save_for_backward(qx.deq, None, qx.mask, qw.deq, None, qw.mask)
+        ctx.blocks = blocks
         ctx.state, ctx.call = state, call
         ctx.wdtype = weight.dtype
         return y
@@ -150,23 +168,33 @@ class QuartetLinearFn(torch.autograd.Function):
         # one set of random signs per backward GEMM, as in the reference QuantLinear
         s_dx, s_dw = st.sign_arg(call, "dx", dev), st.sign_arg(call, "dw", dev)
         kw = dict(rule="absmax", stochastic=st.stochastic)
-        if st.engine == "hopper_fp8" and DUAL_E and e.shape[0] % 32 == 0 and st.graph_safe:
+        if st.engine == "hopper_fp8" and DUAL_E and not ctx.blocks and e.shape[0] % 32 == 0 and st.graph_safe:
             # both quantizations of E from one read per pass (needs one set of signs for both GEMMs,
             # so only in graph_safe mode, where signs are not tied to the reference rule anyway)
             qe, qet = absmax_dual_fp8(e, s_dx, stochastic=st.stochastic, seed=st.operand_seed(call, "dx_e", dev))
             s_dw = s_dx
         else:
             qe = qet = None
+        if ctx.blocks:
+            # left operands (E, Eᵀ) per 1×128 block, right ones (Ŵᵀ, X̂ᵀ) per 128×128; the saved FP8
+            # X̂ / Ŵ are read back through their block scales
+            left, right = {"fp8_block": 1}, {"fp8_block": 128}
+            in_w, in_x = {"in_scale_rows": 128}, {"in_scale_rows": 1}
+        else:
+            left = right = in_w = in_x = {}
         # dX̂ = E Ŵ, reduced over out: E grouped along its rows, Ŵᵀ read from Ŵ's columns
         if qe is None:
-            qe = _q(e, st, axis=-1, seed=st.operand_seed(call, "dx_e", dev), signs=s_dx, **kw)
-        qwt = _q(wh, st, axis=0, seed=st.operand_seed(call, "dx_w", dev), in_scale=ws, signs=s_dx, **kw)
+            qe = _q(e, st, axis=-1, seed=st.operand_seed(call, "dx_e", dev), signs=s_dx, **left, **kw)
+        qwt = _q(wh, st, axis=0, seed=st.operand_seed(call, "dx_w", dev), in_scale=ws, signs=s_dx,
+                 **right, **in_w, **kw)
         dx = masked_inverse_hadamard(_mm(st, qe, qwt), mx_)
-        # dŴ = Eᵀ X̂, reduced over tokens: both read column-wise; the gradient gets e5m2's wider range
+        # dŴ = Eᵀ X̂, reduced over tokens: both read column-wise. With one scale per whole row the
+        # gradient needs e5m2's wider range along the token axis; a 1×128 block spans 4 groups only
         if qet is None:
-            fmt = {"fp8": "e5m2"} if st.engine == "hopper_fp8" else {}
-            qet = _q(e, st, axis=0, seed=st.operand_seed(call, "dw_e", dev), signs=s_dw, **fmt, **kw)
-        qxt = _q(xh, st, axis=0, seed=st.operand_seed(call, "dw_x", dev), in_scale=xs, signs=s_dw, **kw)
+            fmt = {"fp8": "e5m2"} if st.engine == "hopper_fp8" and not ctx.blocks else {}
+            qet = _q(e, st, axis=0, seed=st.operand_seed(call, "dw_e", dev), signs=s_dw, **fmt, **left, **kw)
+        qxt = _q(xh, st, axis=0, seed=st.operand_seed(call, "dw_x", dev), in_scale=xs, signs=s_dw,
+                 **right, **in_x, **kw)
         st.add_flushed(qe, qwt, qet, qxt)
         dw = masked_inverse_hadamard(_mm(st, qet, qxt), mw, out_dtype=torch.float32)
         return dx, dw.to(ctx.wdtype), None, None
@@ -181,7 +209,9 @@ def _fused_forward(x: torch.Tensor, weight: torch.Tensor, state: _Ctx, call: int
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])
     T = x2.shape[0]
-    pad = -T % 32  # the weight-gradient GEMM groups along tokens: zero rows contribute nothing
+    # the weight-gradient GEMM groups along tokens (in 128-blocks when block-scaled): zero rows
+    # contribute nothing
+    pad = -T % (128 if _use_blocks(state, in_features, out_features) else 32)
     if pad:
         x2 = torch.nn.functional.pad(x2, (0, 0, 0, pad))
     y = QuartetLinearFn.apply(x2, weight, state, call)

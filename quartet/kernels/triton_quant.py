@@ -15,7 +15,7 @@ The maths (the same as the pure-PyTorch oracle in :mod:`quartet.quant`):
   ``⌊log2 v⌋`` is read from the float's exponent bits, so it is exact (no ``log2`` approximation).
 * ``y/σ`` is rounded onto the E2M1 grid {0, .5, 1, 1.5, 2, 3, 4, 6}: round-to-nearest with the thresholds
   0.25/0.75/1.25/1.75/2.5/3.5/5, or stochastically (P(up) = distance to the lower grid point over the
-  gap, uniform numbers from Triton's Philox ``tl.rand(seed, element index)``); it saturates at 6. The
+  gap, uniform numbers from a keyed hash of (seed, element index), or Triton's Philox); it saturates at 6. The
   QuEST mask is ``|y/σ| < 6``.
 * Outputs (chosen per call): the dequantized ``q·σ`` (exact in bf16), packed E2M1 codes + E8M0 scales
   (Blackwell MXFP4), or FP8 with a folded per-row scale (Hopper): every E2M1 value times a power of two is
@@ -44,7 +44,7 @@ except ImportError:  # pragma: no cover - exercised only where triton is missing
 RULE_QUEST, RULE_ABSMAX43, RULE_ABSMAX = 0, 1, 2
 RULES = {"quest": RULE_QUEST, "absmax": RULE_ABSMAX43, "rtn_absmax": RULE_ABSMAX}
 #: output modes of the kernel
-MODE_DEQ, MODE_MX, MODE_ROWEXP, MODE_FP8, MODE_STAGE = 0, 1, 2, 3, 4
+MODE_DEQ, MODE_MX, MODE_ROWEXP, MODE_FP8, MODE_STAGE, MODE_BLOCK = 0, 1, 2, 3, 4, 5
 #: FP8 folding: the per-group value q·2^(d+shift) with d = e_g - e_row <= 0 is exact down to ``min_exp``
 #: (the exponent of the format's smallest subnormal step that still holds a 2-bit E2M1 significand).
 FP8_FORMATS = {
@@ -53,6 +53,10 @@ FP8_FORMATS = {
     "e5m2": ("float8_e5m2", 13, -16),   # 6·8192 = 49152 <= 57344; subnormal step 2^-16
 }
 INV_SQRT32 = 1.0 / math.sqrt(32.0)
+#: uniform numbers of stochastic rounding: "philox" (the default) or "hash" (an element-wise keyed hash:
+#: fewer integer operations, but measured no faster on an H200 — the SR kernel is not bound by its RNG)
+SR_RNGS = {"philox": 0, "hash": 1}
+SR_RNG = "philox"
 
 
 def sylvester_pm1(n: int = 32) -> torch.Tensor:
@@ -85,15 +89,37 @@ if HAS_TRITON:
         return tl.minimum(tl.ceil(a * inv - 0.5) * step, 6.0)
 
     @triton.jit
+    def _mix32(x):
+        """A 32-bit avalanche mix (xorshift-multiply, two odd multipliers) on uint32 values."""
+        x ^= x >> 16
+        x *= tl.full((), 0x7FEB352D, tl.uint32)
+        x ^= x >> 15
+        x *= tl.full((), 0x846CA68B, tl.uint32)
+        x ^= x >> 16
+        return x
+
+    @triton.jit
+    def _sr_uniform(sd, idx):
+        """Uniform [0, 1) numbers for stochastic rounding, one per element index ``idx`` (a counter-based
+        hash keyed by the seed): element-wise, so no shuffles, and ~12 integer operations per element
+        against ~25 for a Philox-4x32-10 draw. Two keyed rounds, so that streams of different seeds are
+        not shifted copies of each other."""
+        k = sd.to(tl.uint32)
+        x = _mix32(idx.to(tl.uint32) ^ _mix32(k ^ tl.full((), 0x9E3779B9, tl.uint32)))
+        x = _mix32(x ^ k)
+        return (x >> 8).to(tl.float32) * 5.960464477539063e-08  # top 24 bits
+
+    @triton.jit
     def _mx_quant_kernel(
-        x_ptr, R, K, stride_r, stride_k, in_scale_ptr,
+        x_ptr, R, K, stride_r, stride_k, in_scale_ptr, in_s0, in_s1,
         signs_ptr, h_ptr,
-        deq_ptr, mask_ptr, codes_ptr, scale_ptr, fp8_ptr, rowexp_ptr, flush_ptr,
+        deq_ptr, mask_ptr, codes_ptr, scale_ptr, fp8_ptr, rowexp_ptr, flush_ptr, bscale_ptr, bscale_ld,
         seed, signs_bits,
         RULE: tl.constexpr, STOCHASTIC: tl.constexpr, HADAMARD: tl.constexpr, HAS_SIGNS: tl.constexpr,
         MODE: tl.constexpr, WRITE_MASK: tl.constexpr, WRITE_DEQ: tl.constexpr, DOT_BF16: tl.constexpr,
         IN_SCALE: tl.constexpr, COL_ORDER: tl.constexpr, FP8_SHIFT: tl.constexpr, SEED_PTR: tl.constexpr,
-        BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
+        BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, IN_T: tl.constexpr = False, IN_BR: tl.constexpr = 1,
+        SCALE_BR: tl.constexpr = 1, FACTOR: tl.constexpr = 1.0, RNG: tl.constexpr = 1,
     ):
         # The tile is handled as G groups x 32 elements from the start (no reshapes): group g covers
         # logical row r(g), columns k0(g) .. k0(g)+31. COL_ORDER numbers groups row-fastest, so that
@@ -121,6 +147,13 @@ if HAS_TRITON:
             xg = xg.to(tl.float32) * tl.load(in_scale_ptr + rows, mask=rmask, other=0.0)[:, None]
         elif IN_SCALE == 2:  # one input scale per logical column (read along its columns)
             xg = xg.to(tl.float32) * tl.load(in_scale_ptr + kk)
+        elif IN_SCALE == 3:
+            # a block-scaled FP8 operand: one scale per (stored row // IN_BR, stored column // 128)
+            if IN_T:
+                s_off = (kk // IN_BR) * in_s0 + (rows // 128)[:, None] * in_s1
+            else:
+                s_off = (rows // IN_BR)[:, None] * in_s0 + (kk // 128) * in_s1
+            xg = xg.to(tl.float32) * tl.load(in_scale_ptr + s_off, mask=inb, other=0.0)
 
         # ---- rotation: (x ⊙ signs) @ H±1, then 1/sqrt(32) -----------------------------------------
         if HADAMARD:
@@ -164,12 +197,16 @@ if HAS_TRITON:
             e = ((v.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127 - 2
             e = tl.where(v > 0.0, tl.maximum(e, -126), -2)  # all-zero group: scale 2^-2 as the oracle
 
+        # the exponent a group contributes to its row's / block's FP8 fold exponent: all-zero groups
+        # (padding, dead units) and rows past the end must not raise it (absmax gives them 2^-2). A
+        # row/block with no such group keeps -127; the fold then clamps d to the shift (its values are 0)
+        e_fold = tl.where(rmask & ((RULE == 0) | (v > 0.0)), e, -127)
         if MODE == 2 or MODE == 4:
             # the FP8 fold needs the largest group exponent of each output row
             if COL_ORDER:
-                er = tl.max(tl.reshape(e, (NJ, BLOCK_R)), axis=0)
+                er = tl.max(tl.reshape(e_fold, (NJ, BLOCK_R)), axis=0)
             else:
-                er = tl.max(tl.reshape(e, (BLOCK_R, NJ)), axis=1)
+                er = tl.max(tl.reshape(e_fold, (BLOCK_R, NJ)), axis=1)
             rr_ = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
             tl.atomic_max(rowexp_ptr + rr_, er, mask=rr_ < R)
         if MODE != 2:
@@ -181,17 +218,20 @@ if HAS_TRITON:
                 yq = y * _exp2i(-e)[:, None]  # exact: power-of-two scale
             a = tl.abs(yq)
             if STOCHASTIC:
-                # one Philox call yields four 32-bit numbers: draw per (group, 8 lanes) and spread them
-                # over the 32 elements of the group (a fixed bijection), a quarter of tl.rand's work
                 gid = rows * (K // 32) + k0 // 32
-                offs4 = gid[:, None] * 8 + tl.arange(0, 8)[None, :]
                 if SEED_PTR:  # the seed lives on the device (CUDA-graph replays draw fresh seeds)
                     sd = tl.load(seed)
                 else:
                     sd = seed
-                r0, r1, r2, r3 = tl.randint4x(sd, offs4)
-                rr = tl.reshape(tl.join(tl.join(r0, r1), tl.join(r2, r3)), (G, 32))
-                rnd = (rr >> 8).to(tl.float32) * 5.960464477539063e-08  # top 24 bits -> [0, 1)
+                if RNG == 1:
+                    rnd = _sr_uniform(sd, gid[:, None] * 32 + c[None, :])
+                else:
+                    # Philox: one call yields four 32-bit numbers: draw per (group, 8 lanes) and spread
+                    # them over the 32 elements of the group (a fixed bijection), a quarter of tl.rand's work
+                    offs4 = gid[:, None] * 8 + tl.arange(0, 8)[None, :]
+                    r0, r1, r2, r3 = tl.randint4x(sd, offs4)
+                    rr = tl.reshape(tl.join(tl.join(r0, r1), tl.join(r2, r3)), (G, 32))
+                    rnd = (rr >> 8).to(tl.float32) * 5.960464477539063e-08  # top 24 bits -> [0, 1)
                 # grid spacing of E2M1 around a (0.5 below 2, 1 below 4, then 2) and its inverse, by
                 # selects rather than a division (the kernel is instruction bound)
                 big = a >= 4.0
@@ -229,9 +269,40 @@ if HAS_TRITON:
                 # scales them in place once every row's largest exponent is known (a cheap pass)
                 tl.store(fp8_ptr + out_offs, tl.where(neg, -q, q).to(fp8_ptr.dtype.element_ty), mask=inb)
                 tl.store(scale_ptr + rows.to(tl.int64) * (K // 32) + k0 // 32, e.to(tl.int8), mask=rmask)
+            if MODE == 5:
+                # FP8 with one scale per 1x128 (SCALE_BR=1) or 128x128 (SCALE_BR=128) block, the
+                # block-wise recipes of F.scaled_mm: the tile is exactly one block wide (BLOCK_K=128),
+                # so the block's largest group exponent is known here and no second pass is needed
+                if SCALE_BR == 1:
+                    if COL_ORDER:
+                        eb = tl.max(tl.reshape(e_fold, (NJ, BLOCK_R)), axis=0)
+                        eg = tl.reshape(tl.broadcast_to(eb[None, :], (NJ, BLOCK_R)), (G,))
+                    else:
+                        eb = tl.max(tl.reshape(e_fold, (BLOCK_R, NJ)), axis=1)
+                        eg = tl.reshape(tl.broadcast_to(eb[:, None], (BLOCK_R, NJ)), (G,))
+                else:
+                    eb = tl.max(e_fold, axis=0)
+                    eg = eb
+                d = tl.minimum(e - eg + FP8_SHIFT, FP8_SHIFT)
+                val = tl.where(neg, -q, q) * _exp2i(tl.maximum(d, -126))[:, None]
+                f8 = val.to(fp8_ptr.dtype.element_ty)
+                flushed = (f8.to(tl.float32) != val) & inb
+                tl.atomic_add(flush_ptr, tl.sum(tl.sum(flushed.to(tl.int32), axis=1), axis=0))
+                tl.store(fp8_ptr + out_offs, f8, mask=inb)
+                # block scale 2^(e_blk − shift)·factor, in two exact factors (the exponent can be < −126)
+                p = eb - FP8_SHIFT
+                half = p >> 1
+                sc = (_exp2i(half) * _exp2i(p - half)) * FACTOR
+                if SCALE_BR == 1:
+                    # stored (K/128, R) row-major: the (R, K/128) column-major view F.scaled_mm wants
+                    rr_ = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
+                    tl.store(bscale_ptr + pid_k.to(tl.int64) * R + rr_, sc, mask=rr_ < R)
+                else:
+                    # stored (R/128, bscale_ld) row-major, K blocks padded to a multiple of 4
+                    tl.store(bscale_ptr + pid_r * bscale_ld + pid_k, sc)
             if MODE == 3:
                 er = tl.load(rowexp_ptr + rows, mask=rmask, other=0)
-                d = e - er + FP8_SHIFT
+                d = tl.minimum(e - er + FP8_SHIFT, FP8_SHIFT)
                 val = tl.where(neg, -q, q) * _exp2i(tl.maximum(d, -126))[:, None]
                 f8 = val.to(fp8_ptr.dtype.element_ty)
                 # a value is flushed when the FP8 number differs from the exact folded value
@@ -260,7 +331,7 @@ if HAS_TRITON:
         q = tl.load(fp8_ptr + offs, mask=inb, other=0.0).to(tl.float32)
         e = tl.load(gexp_ptr + rows.to(tl.int64) * (K // 32) + k0 // 32, mask=rmask, other=0).to(tl.int32)
         er = tl.load(rowexp_ptr + rows, mask=rmask, other=0)
-        d = e - er + FP8_SHIFT
+        d = tl.minimum(e - er + FP8_SHIFT, FP8_SHIFT)
         val = q * _exp2i(tl.maximum(d, -126))[:, None]
         f8 = val.to(fp8_ptr.dtype.element_ty)
         flushed = (f8.to(tl.float32) != val) & inb
@@ -420,15 +491,32 @@ class QuantizedOperand:
     ``e8m0`` (``(R, K/32)`` uint8 biased exponents), ``flushed`` (int32 count of FP8 values that are not
     exact), ``factor`` (the non-power-of-two part of the scale that E8M0 cannot hold: 4/3 for the
     Quartet backward absmax rule, else 1 — a GEMM on ``codes`` multiplies its output by the product).
+    Block-scaled FP8 (``fp8_block``) has ``block_scale`` instead of ``row_scale``: float32 indexed
+    ``[r // scale_rows, k // 128]`` — ``(R, K/128)`` column-major for ``scale_rows == 1`` (the 1×128
+    recipe's layout), ``(R/128, K/128 padded to 4)`` row-major for ``scale_rows == 128`` — already the
+    tensors ``F.scaled_mm`` takes (the second transposed, as the scale of ``b.T``).
     """
 
-    __slots__ = ("deq", "mask", "fp8", "row_scale", "codes", "e8m0", "flushed", "factor", "rowexp", "fp8_shift")
+    __slots__ = ("deq", "mask", "fp8", "row_scale", "codes", "e8m0", "flushed", "factor", "rowexp", "fp8_shift",
+                 "block_scale", "scale_rows")
 
     def __init__(self, **kw):
         for name in self.__slots__:
             setattr(self, name, kw.get(name))
         if self.factor is None:
             self.factor = 1.0
+
+    def fp8_values(self) -> torch.Tensor:
+        """The FP8 operand times its row or block scales, float32 ``(R, K)`` (equals ``deq`` where
+        nothing was flushed). For tests, debugging and the BF16 fallback."""
+        if self.fp8 is None:
+            raise ValueError("no FP8 output in this operand")
+        v = self.fp8.to(torch.float32)
+        if self.block_scale is None:
+            return v * self.row_scale
+        R, K = v.shape
+        sc = self.block_scale.repeat_interleave(self.scale_rows, 0)[:R]
+        return v * sc[:, : K // 128].repeat_interleave(128, 1)[:, :K]
 
 
 def _logical(x: torch.Tensor, axis: int):
@@ -444,6 +532,8 @@ def _logical(x: torch.Tensor, axis: int):
 
 #: GPU tile (rows, cols, warps); ``QUARTET_QBLOCK=r,k,w`` overrides it (used by the benchmark sweep)
 GPU_BLOCK = (32, 128, 4)  # best overall on H200 (the FP8-fold recipes slow down with 64x64 tiles)
+#: warps of the 128x128-row tiles of ``fp8_block=128`` (the benchmark times 4/8/16)
+BLOCK128_WARPS = 8
 
 
 def _blocks(R: int, K: int, device: torch.device) -> tuple[int, int, int]:
@@ -478,14 +568,17 @@ def mx_quantize(
     row_exp: str = "exact",
     in_scale: torch.Tensor | None = None,
     flush: torch.Tensor | None = None,
+    fp8_block: int | None = None,
+    in_scale_rows: int | None = None,
+    sr_rng: str | None = None,
 ) -> QuantizedOperand:
     """Quantize a 2-D operand to MXFP4 in one fused pass (plus a row-exponent pass when ``fp8`` is set).
 
     ``axis`` is the group (contraction) axis of the *stored* tensor: ``-1`` groups along rows of ``x``,
     ``0`` groups along its columns and returns outputs for ``x.T`` without ever copying ``x.T``.
     ``rule`` is ``quest`` | ``absmax`` (Quartet backward, ×4/3, no clipping) | ``rtn_absmax`` (OCP).
-    ``stochastic`` rounds with Philox numbers keyed by ``seed`` and the element index (a new seed per
-    call gives a new stream); ``seed`` may be a one-element int64 CUDA tensor, read by the kernel, so
+    ``stochastic`` rounds with uniform numbers keyed by ``seed`` and the element index (a new seed per
+    call gives a new stream; ``sr_rng`` picks the generator, default :data:`SR_RNG`); ``seed`` may be a one-element int64 CUDA tensor, read by the kernel, so
     a captured CUDA graph can draw a new seed on the device for every replay. ``signs`` (32 values ±1) randomize the Hadamard (applied before H).
     ``fp8`` (``"e4m3"``/``"e5m2"``) also returns the operand folded into FP8 with one scale per row.
     ``row_exp`` picks the row's fold exponent: ``"exact"`` (a first kernel pass finds the largest group
@@ -499,6 +592,14 @@ def mx_quantize(
     element, on the device) is the counter the FP8 fold adds its flushed values to (default: a new one).
     ``in_scale`` (float32, one power of two per *stored* row of ``x``) reads an FP8-folded operand back:
     the kernel multiplies ``x`` by it on load, so a saved FP8 ``X̂`` can be requantized without a bf16 copy.
+    With ``in_scale_rows`` (1 or 128) ``in_scale`` is instead the ``block_scale`` of a block-scaled FP8
+    ``x``, exactly as :class:`QuantizedOperand` holds it. On the GPU the rotation of such an input runs in
+    bf16, which is exact for power-of-two scales (QuEST's X̂ and Ŵ, what the fused layer saves); a scale
+    with the absmax rule's 4/3 factor is rounded to bf16 first.
+    ``fp8_block`` (with ``fp8``) scales per block instead of per row, in one kernel pass: ``1`` gives
+    one scale per 1×128 block (the ``BlockWise1x128`` recipe of ``F.scaled_mm``, for the left operand),
+    ``128`` one per 128×128 block (``BlockWise128x128``, the right operand). ``K`` must be a multiple
+    of 128. Exact while the 4 (or 4×128) groups of a block span ≤ ~14 binades (e4m3); flushes are counted.
     """
     if not HAS_TRITON:
         raise RuntimeError("triton is not installed; the fused quantizers need it")
@@ -527,7 +628,19 @@ def mx_quantize(
         out.deq = torch.empty(R, K, device=dev, dtype=out_dtype)
     if mask:
         out.mask = torch.empty(R, K, device=dev, dtype=torch.bool)
-    if in_scale is not None:
+    in_s0 = in_s1 = 0
+    if in_scale is not None and in_scale_rows is not None:
+        if in_scale.dim() != 2 or in_scale.dtype != torch.float32 or in_scale.device != dev or in_scale_rows not in (1, 128):
+            raise ValueError("a block in_scale must be the float32 block_scale of an FP8 operand on the same device")
+        nr = -(-x.shape[0] // in_scale_rows)
+        if in_scale.shape[0] != nr or in_scale.shape[1] < -(-x.shape[1] // 128):
+            raise ValueError(f"block in_scale of shape {tuple(in_scale.shape)} does not cover x {tuple(x.shape)} "
+                             f"with {in_scale_rows}x128 blocks")
+        in_sc, in_mode = in_scale, 3
+        in_s0, in_s1 = in_scale.stride()
+        if row_exp == "bound":
+            row_exp = "exact"
+    elif in_scale is not None:
         in_sc = in_scale.reshape(-1).to(device=dev, dtype=torch.float32).contiguous()
         if in_sc.numel() != x.shape[0]:
             raise ValueError(f"in_scale needs one value per stored row ({x.shape[0]}), got {in_sc.numel()}")
@@ -536,6 +649,9 @@ def mx_quantize(
             row_exp = "exact"  # the max|x| bound would need the scaled values
     else:
         in_sc, in_mode = dummy, 0
+    rng = SR_RNG if sr_rng is None else sr_rng
+    if rng not in SR_RNGS:
+        raise ValueError(f"sr_rng must be one of {sorted(SR_RNGS)}, got {rng!r}")
     seed_ptr = isinstance(seed, torch.Tensor)
     if seed_ptr and (seed.numel() != 1 or seed.device != x.device):
         raise ValueError("a tensor seed must be one integer on the operand's device")
@@ -546,6 +662,7 @@ def mx_quantize(
         # the CPU interpreter has no bf16 dot and uses an IEEE float32 dot
         DOT_BF16=(0 if dev.type != "cuda" else 1 if (x.dtype == torch.bfloat16 or in_scale is not None) else 2),
         IN_SCALE=in_mode, COL_ORDER=(s_r == 1 and s_k != 1), BLOCK_R=br, BLOCK_K=bk, num_warps=warps,
+        IN_T=axis == 0, IN_BR=in_scale_rows or 1, RNG=SR_RNGS[rng],
     )
     mask_t = out.mask.view(torch.int8) if mask else dummy
     deq_t = out.deq if deq else dummy
@@ -555,13 +672,31 @@ def mx_quantize(
         out.codes = torch.empty(R, K // 2, device=dev, dtype=torch.uint8)
         out.e8m0 = torch.empty(R, K // 32, device=dev, dtype=torch.uint8)
         codes_t, e8_t = out.codes, out.e8m0
+    bscale_t, bscale_ld, scale_rows = dummy, 0, 1
+    if fp8_block is not None:
+        if fp8 is None or mx:
+            raise ValueError("fp8_block needs fp8='e4m3'|'e5m2' (and no mx)")
+        if fp8_block not in (1, 128):
+            raise ValueError(f"fp8_block must be 1 (1x128 blocks) or 128 (128x128 blocks), got {fp8_block!r}")
+        if K % 128:
+            raise ValueError(f"block-scaled FP8 needs the group axis to be a multiple of 128, got {K}")
+        # one program per scale block along K; 128 rows per program for 128x128 blocks
+        bk = 128
+        if fp8_block == 128:
+            br = 128
+            warps = BLOCK128_WARPS if dev.type == "cuda" else warps
+        grid = (triton.cdiv(R, br), K // bk)
+        common.update(BLOCK_R=br, BLOCK_K=bk, num_warps=warps, SCALE_BR=fp8_block, FACTOR=float(out.factor))
+        scale_rows = fp8_block
     if fp8 is not None:
         dtype_name, shift, _ = FP8_FORMATS[fp8]
         flush = flush_in if flush_in is not None else torch.zeros(1, device=dev, dtype=torch.int32)
-        if row_exp == "exact":
+        if fp8_block is not None:
+            pass
+        elif row_exp == "exact":
             rowexp = torch.full((R,), -127, device=dev, dtype=torch.int32)
-            _mx_quant_kernel[grid](x, R, K, s_r, s_k, in_sc, sg, h, dummy, dummy, dummy, dummy, dummy, rowexp, dummy,
-                                   seed, bits, MODE=MODE_ROWEXP, WRITE_MASK=False, WRITE_DEQ=False,
+            _mx_quant_kernel[grid](x, R, K, s_r, s_k, in_sc, in_s0, in_s1, sg, h, dummy, dummy, dummy, dummy, dummy,
+                                   rowexp, dummy, dummy, 0, seed, bits, MODE=MODE_ROWEXP, WRITE_MASK=False, WRITE_DEQ=False,
                                    FP8_SHIFT=shift, **common)
         elif row_exp == "bound":
             rowexp = _row_exp_bound(x, axis, rule, hadamard)
@@ -574,7 +709,16 @@ def mx_quantize(
         out.rowexp = rowexp
         out.fp8_shift = shift
         out.flushed = flush
-        mode = MODE_STAGE if row_exp == "fused" else MODE_FP8
+        mode = MODE_BLOCK if fp8_block else MODE_STAGE if row_exp == "fused" else MODE_FP8
+        if mode == MODE_BLOCK:
+            out.scale_rows = scale_rows
+            if scale_rows == 1:
+                # stored (K/128, R) row-major; the operand keeps its (R, K/128) column-major view
+                out.block_scale = torch.empty(K // 128, R, device=dev, dtype=torch.float32).t()
+            else:
+                bscale_ld = -(-(K // 128) // 4) * 4  # K blocks padded to a multiple of 4 (cuBLAS)
+                out.block_scale = torch.ones(triton.cdiv(R, 128), bscale_ld, device=dev, dtype=torch.float32)
+            bscale_t = out.block_scale
         if mode == MODE_STAGE:
             e8_t = torch.empty(R, K // 32, device=dev, dtype=torch.int8)  # group exponents for stage 2
     else:
@@ -584,14 +728,14 @@ def mx_quantize(
         raise ValueError("ask for mx codes or fp8, not both, in one call")
     if mode == MODE_DEQ and not (deq or mask):
         raise ValueError("nothing to compute: ask for deq, mask, mx or fp8")
-    _mx_quant_kernel[grid](x, R, K, s_r, s_k, in_sc, sg, h, deq_t, mask_t, codes_t, e8_t, fp8_t, rowexp, flush, seed, bits,
-                           MODE=mode, WRITE_MASK=bool(mask), WRITE_DEQ=bool(deq), FP8_SHIFT=shift, **common)
+    _mx_quant_kernel[grid](x, R, K, s_r, s_k, in_sc, in_s0, in_s1, sg, h, deq_t, mask_t, codes_t, e8_t, fp8_t, rowexp,
+                           flush, bscale_t, bscale_ld, seed, bits, MODE=mode, WRITE_MASK=bool(mask), WRITE_DEQ=bool(deq), FP8_SHIFT=shift, **common)
     if mode == MODE_STAGE:
         rs = torch.empty(R, 1, device=dev, dtype=torch.float32)
         _fp8_fold_kernel[grid](out.fp8, e8_t, rowexp, flush, rs, R, K, FP8_SHIFT=shift, FACTOR=float(out.factor),
                                BLOCK_R=br, BLOCK_K=bk, num_warps=warps)
         out.row_scale = rs
-    elif fp8 is not None:
+    elif fp8 is not None and mode != MODE_BLOCK:
         # row scale 2^(e_row - shift) [x4/3]; exact powers of two in float32
         out.row_scale = (torch.exp2((out.rowexp - out.fp8_shift).to(torch.float32)) * out.factor).unsqueeze(1)
     return out

@@ -50,8 +50,11 @@ def _rel(a, b):
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
-@pytest.mark.parametrize("engine", ["triton"] + (["hopper_fp8"] if DEV == "cuda" and G.hopper_available() else []))
-def test_fused_linear_matches_oracle(engine):
+@pytest.mark.parametrize("engine", ["triton"] + (["hopper_fp8", "hopper_fp8_row"] if DEV == "cuda" and G.hopper_available() else []))
+def test_fused_linear_matches_oracle(engine, monkeypatch):
+    if engine == "hopper_fp8_row":  # the per-row FP8 scaling instead of the default block scaling
+        monkeypatch.setattr(L, "FP8_SCALING", "row")
+        engine = "hopper_fp8"
     g = torch.Generator().manual_seed(0)
     T, K, N = (64, 64, 96) if DEV == "cpu" else (512, 256, 384)
     x = torch.randn(T, K, generator=g).bfloat16()
@@ -87,6 +90,25 @@ def test_hopper_fp8_gemm_is_exact_up_to_fp8_accumulation():
         ref = qa.deq.double() @ qb.deq.double().t()
         assert qa.flushed.item() == 0 and qb.flushed.item() == 0
         assert _rel(out, ref) < 1e-4  # the stated tolerance: Hopper FP8 accumulation (anchors: 1e-5..5e-5)
+
+
+@pytest.mark.gpu
+def test_hopper_block_scaled_gemm_is_exact_up_to_fp8_accumulation():
+    if not G.hopper_available():
+        pytest.skip("needs FP8 tensor cores")
+    torch.manual_seed(2)
+    for axis_a, axis_b in [(-1, -1), (0, 0), (-1, 0)]:
+        a = torch.randn(*((1024, 2048) if axis_a == -1 else (2048, 1024)), device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(*((1536, 2048) if axis_b == -1 else (2048, 1536)), device="cuda", dtype=torch.bfloat16)
+        qa = mx_quantize(a, axis=axis_a, rule="absmax", fp8="e4m3", fp8_block=1, out_dtype=torch.float32)
+        qb = mx_quantize(b, axis=axis_b, rule="absmax", fp8="e4m3", fp8_block=128, out_dtype=torch.float32)
+        assert qa.flushed.item() == 0 and qb.flushed.item() == 0
+        assert torch.equal(qa.fp8_values(), qa.deq) and torch.equal(qb.fp8_values(), qb.deq)
+        out = G.hopper_fp8_mm(qa, qb, out_dtype=torch.float32)
+        ref = qa.deq.double() @ qb.deq.double().t()
+        assert _rel(out, ref) < 1e-4  # the stated tolerance: Hopper FP8 accumulation
+    with pytest.raises(ValueError, match="1x128 blocks"):
+        G.hopper_fp8_mm(qb, qa)
 
 
 @pytest.mark.gpu

@@ -124,11 +124,87 @@ def test_fp8_fold_is_exact_and_counts_flushes(fmt, axis, row_exp):
                 assert torch.equal(a.mask, b.mask)
 
 
-def test_sr_unbiased_reproducible_and_distinct_streams():
+@pytest.mark.parametrize("axis", [-1, 0])
+@pytest.mark.parametrize("blk", [1, 128])
+def test_fp8_block_scaling_is_exact_in_one_pass(axis, blk):
+    """fp8_block: FP8 + one scale per 1x128 / 128x128 block, written by the quantizer itself."""
+    g = torch.Generator().manual_seed(40 + blk + axis)
+    R, K = (128, 256) if DEV == "cpu" else (1024, 2048)
+    # rows of varied magnitude (σ ≈ 1.4 binades): a 128x128 block then spans ≲ 10 binades, inside e4m3's 14
+    xl = (torch.randn(R, K, generator=g) * torch.exp(torch.randn(R, 1, generator=g))).to(torch.bfloat16)
+    stored = (xl if axis == -1 else xl.t().contiguous()).to(DEV)
+    bits = 0x5A5A1234
+    for rule, kw in (("quest", dict(mask=True)), ("absmax", dict(stochastic=True, seed=3))):
+        ref = tq.mx_quantize(stored, axis=axis, rule=rule, signs=bits, out_dtype=torch.float32, **kw)
+        q = tq.mx_quantize(stored, axis=axis, rule=rule, signs=bits, deq=False, fp8="e4m3", fp8_block=blk, **kw)
+        assert q.row_scale is None and q.scale_rows == blk and q.flushed.item() == 0
+        assert torch.equal(q.fp8_values(), ref.deq)  # bitwise: same rounding, same SR stream
+        if rule == "quest":
+            assert torch.equal(q.mask, ref.mask)
+        # layouts F.scaled_mm takes: (R, K/128) column-major for 1x128, (R/128, K/128 padded to 4) for 128x128
+        if blk == 1:
+            assert q.block_scale.shape == (R, K // 128) and q.block_scale.stride() == (1, R)
+        else:
+            assert q.block_scale.shape == (R // 128, -(-(K // 128) // 4) * 4) and q.block_scale.is_contiguous()
+        # the saved FP8 operand read back through its block scales requantizes exactly like its values
+        # (QuEST's power-of-two scales, what the fused layer saves; absmax's 4/3 is rounded to bf16 on the GPU)
+        for ax in ((-1, 0) if rule == "quest" or DEV == "cpu" else ()):
+            a = tq.mx_quantize(ref.deq, axis=ax, rule="absmax", signs=7, out_dtype=torch.float32)
+            b = tq.mx_quantize(q.fp8, axis=ax, rule="absmax", signs=7, out_dtype=torch.float32,
+                               in_scale=q.block_scale, in_scale_rows=blk)
+            assert torch.equal(a.deq, b.deq)
+    # groups spanning ~40 binades inside one block cannot all be exact in e4m3: counted
+    y = torch.randn(R, K, generator=g)
+    y[:, :32] *= 2.0 ** 20  # (QuEST floors σ near 1e-8, so the small side cannot go much lower)
+    y[:, 32:64] *= 2.0 ** -20
+    st = (y if axis == -1 else y.t().contiguous()).to(torch.bfloat16).to(DEV)
+    o = tq.mx_quantize(st, axis=axis, rule="quest", hadamard=False, fp8="e4m3", fp8_block=blk)
+    diff = (o.fp8_values().cpu() != o.deq.float().cpu()).sum().item()
+    assert o.flushed.item() == diff > 0
+
+
+@pytest.mark.parametrize("blk", [None, 1, 128])
+def test_fp8_fold_ignores_all_zero_groups(blk):
+    """A zero group gets the absmax rule's 2^-2 scale; it must not set the fold exponent of small gradients."""
+    g = torch.Generator().manual_seed(5)
+    e = torch.randn(128, 256, generator=g) * 2.0 ** -22
+    e[:, :32] = 0.0     # the first group of every row (and of every block) is zero
+    e[:2, :] = 0.0      # and two rows are zero throughout
+    e = e.to(torch.bfloat16).to(DEV)
+    kw = dict(fp8_block=blk) if blk else dict(row_exp="exact")
+    q = tq.mx_quantize(e, rule="absmax", signs=3, fp8="e4m3", out_dtype=torch.float32, **kw)
+    assert q.flushed.item() == 0
+    assert torch.equal(q.fp8_values(), q.deq)
+
+
+@pytest.mark.parametrize("rng", ["hash", "philox"])
+def test_sr_rounds_up_with_the_right_probability(rng):
+    """P(round up) equals the position inside the grid gap, at several points of the uniform's CDF."""
+    fracs = torch.tensor([0.05, 0.25, 0.5, 0.75, 0.95])
+    rows = 64
+    # each row is one 32-group: y0 = 4 pins the absmax scale (yq = 0.75·y), the other 31 sit at 1 + 0.5·f
+    y = ((1 + 0.5 * fracs) / 0.75).repeat_interleave(rows)[:, None].expand(-1, 32).clone()
+    y[:, 0] = 4.0
+    x = y.to(torch.bfloat16)
+    f_true = ((x.float()[:, 1:] * 0.75 - 1.0) / 0.5)  # exact bf16 value's position in the gap
+    ups = []
+    for seed in range(4):
+        q = tq.mx_quantize(x.to(DEV), rule="absmax", stochastic=True, seed=seed, hadamard=False,
+                           out_dtype=torch.float32, sr_rng=rng).deq.cpu()
+        ups.append((q[:, 1:] * 0.75 > 1.0 + 1e-6).float())
+    up = torch.stack(ups).mean(0).reshape(len(fracs), -1).mean(1)
+    expect = f_true.reshape(len(fracs), -1).mean(1)
+    n = 4 * rows * 31
+    assert ((up - expect).abs() <= 5 * torch.sqrt(expect * (1 - expect) / n) + 1e-3).all(), (up, expect)
+
+
+@pytest.mark.parametrize("rng", ["hash", "philox"])
+def test_sr_unbiased_reproducible_and_distinct_streams(rng):
     g = torch.Generator().manual_seed(0)
     x = torch.randn(32, 64, generator=g).to(torch.bfloat16)
     xl = x.to(DEV)
-    runs = [tq.mx_quantize(xl, rule="absmax", stochastic=True, seed=s, hadamard=False, out_dtype=torch.float32).deq.cpu()
+    runs = [tq.mx_quantize(xl, rule="absmax", stochastic=True, seed=s, hadamard=False, out_dtype=torch.float32,
+                           sr_rng=rng).deq.cpu()
             for s in range(200)]
     stack = torch.stack(runs)
     # unbiased: the mean over seeds converges to the input (absmax never clips). Bound each element by
@@ -146,7 +222,8 @@ def test_sr_unbiased_reproducible_and_distinct_streams():
     assert (ref.mean(0) - stack.mean(0)).abs().max() < 0.5 * x.float().abs().max()
     assert abs(ref.var(0).mean().item() - stack.var(0).mean().item()) < 0.2 * ref.var(0).mean().item()
     # reproducible for a seed, distinct across seeds
-    again = tq.mx_quantize(xl, rule="absmax", stochastic=True, seed=5, hadamard=False, out_dtype=torch.float32).deq.cpu()
+    again = tq.mx_quantize(xl, rule="absmax", stochastic=True, seed=5, hadamard=False, out_dtype=torch.float32,
+                           sr_rng=rng).deq.cpu()
     assert torch.equal(again, runs[5])
     assert not torch.equal(runs[5], runs[6])
     # every SR value is one of the two grid neighbours of the RTN-free exact value
