@@ -1,7 +1,8 @@
 """Kernel backends registered behind :mod:`quartet.quant.backend` (the seam of the quantized linear).
 
 ``triton``           fused Triton quantizers + BF16 GEMM on dequantized values (any CUDA GPU)
-``hopper_fp8``       fused quantizers writing FP8 with folded per-row scales + ``torch._scaled_mm`` (sm_89/sm_90+)
+``hopper_fp8``       fused quantizers writing FP8 with folded power-of-two scales (per row, or per 1×128 /
+                     128×128 block in the fused layer) + FP8 scaled matmul (sm_89/sm_90+)
 ``blackwell_mxfp4``  fused quantizers writing packed E2M1/E8M0 + native MXFP4 ``scaled_mm`` (sm_100+)
 
 They handle the MX kinds ``quest``, ``absmax`` (RTN/SR) and ``ocp`` with 32-groups and an optional
@@ -110,8 +111,9 @@ def _make_classes():
             return G.hopper_fp8_mm(a.data, b.data, out_dtype=torch.float32)
 
         def describe(self, device):
-            return (f"{self.name}: fused Triton quantizers -> FP8 e4m3 with folded per-row scales, "
-                    f"torch._scaled_mm (flushed values counted), on {device}")
+            return (f"{self.name}: fused Triton quantizers -> FP8 e4m3 with power-of-two scales (fused Quartet "
+                    f"layer: one per 1x128 / 128x128 block, F.scaled_mm block-wise; operand by operand: one per "
+                    f"row, torch._scaled_mm), flushed values counted, on {device}")
 
     class BlackwellMXFP4Backend(TritonBackend):
         """Native MXFP4 GEMM through ``torch.nn.functional.scaled_mm`` (sm_100+)."""
