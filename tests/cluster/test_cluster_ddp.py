@@ -63,3 +63,23 @@ def test_two_gloo_tasks_match_one_process(tmp_path, monkeypatch):
     sa = json.loads((one / "summary.json").read_text())
     sb = json.loads((two / "summary.json").read_text())
     assert abs(sa["val_loss"] - sb["val_loss"]) < 1e-4
+
+
+def test_ddp_check_bundle_gives_both_runs_the_same_micro_batches(tmp_path):
+    """The GPU DDP check compares 1 GPU x 2 micro-batches with 2 GPUs x 1: quantized schemes draw their random
+    Hadamard signs per micro-batch, so a 1-GPU run of one whole-batch micro-batch would not be comparable."""
+    import os
+    import subprocess
+    import sys
+
+    from quartet.config import load_config_file, resolve
+
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "DDP_CHECK_BUNDLE": str(tmp_path / "bundle")}
+    subprocess.run([sys.executable, str(repo / "cluster/scripts/ddp_check.py"), "prepare", "--model", "llama_nano",
+                    "--tokens", "4096", "--batch", "8", "--precision", "quartet"], check=True, env=env, cwd=repo,
+                   capture_output=True)
+    cfg = load_config_file(tmp_path / "bundle" / "config.yaml", ["run.device=cpu"])
+    assert cfg.precision.name == "quartet" and cfg.optim.micro_batch_size == 4
+    assert resolve(cfg, world_size=1).accum_steps(1) == 2
+    assert resolve(cfg, world_size=2).accum_steps(2) == 1
