@@ -59,6 +59,7 @@ def _log(msg: str) -> None:
 # --------------------------------------------------------------------------------------------- quant
 def bench_quant(rows: int = 16384, cols: int = 4096, sweep: bool = False) -> dict:
     """Each recipe's time and bytes moved over the device copy bandwidth (same tensor, same run)."""
+    import quartet.kernels.triton_quant as TQ
     from quartet.kernels.triton_quant import mx_quantize
 
     dev = "cuda"
@@ -98,13 +99,9 @@ def bench_quant(rows: int = 16384, cols: int = 4096, sweep: bool = False) -> dic
                                                           fp8_block=1, axis=0), 2 * n + n + sb),
         "bwd_rtn_absmax_fp8_block128x128_transposed": (dict(rule="absmax", signs=signs, deq=False, fp8="e4m3",
                                                             fp8_block=128, axis=0), 2 * n + n),
-        "bwd_sr_absmax_deq_bf16_hash": (dict(rule="absmax", stochastic=True, signs=signs, sr_rng="hash"),
-                                          2 * n + 2 * n),
     })
     out = {"shape": [rows, cols], "copy_ms": t_copy, "copy_GBps": copy_bw, "recipes": {}, "tiles": {}}
     if sweep:
-        import quartet.kernels.triton_quant as TQ
-
         default = TQ.GPU_BLOCK
         for tile in [(32, 128, 4), (64, 128, 8), (16, 256, 4), (64, 64, 4), (128, 64, 8), (32, 256, 8)]:
             TQ.GPU_BLOCK = tile
@@ -117,8 +114,6 @@ def bench_quant(rows: int = 16384, cols: int = 4096, sweep: bool = False) -> dic
             _log(f"  tile {tile}: " + "  ".join(f"{k} {v:.1%}" for k, v in row.items()))
         TQ.GPU_BLOCK = default
     # warps of the 128-row tiles (fp8_block=128): time 4/8/16 and keep the best for the rest of the run
-    import quartet.kernels.triton_quant as TQ
-
     out["block128_warps"] = {}
     for w in (4, 8, 16):
         TQ.BLOCK128_WARPS = w

@@ -38,6 +38,8 @@ ROW_EXP = "fused"
 #: tokens are zero-padded to 128) — or "row": one scale per row (``torch._scaled_mm`` rowwise), which
 #: needs each row's largest group exponent first (ROW_EXP)
 FP8_SCALING = "block"
+#: block rows of the two GEMM operands when block-scaled: left (X, E, Eᵀ) 1×128, right (W, Ŵᵀ, X̂ᵀ) 128×128
+LEFT_BLOCK, RIGHT_BLOCK = 1, 128
 #: quantize the output gradient for both backward GEMMs in one fused pass (hopper engine). Off: the
 #: dual kernel agrees with the oracle in Triton's CPU interpreter but not yet on the H200 (see docs/kernels.md)
 DUAL_E = False
@@ -142,7 +144,7 @@ class QuartetLinearFn(torch.autograd.Function):
         fp8 = state.engine == "hopper_fp8"
         # block-scaled FP8: X (the GEMM's left operand) per 1×128, W (right) per 128×128 block
         blocks = _use_blocks(state, w.shape[1], w.shape[0]) and x2d.shape[0] % 128 == 0
-        bx, bw = ({"fp8_block": 1}, {"fp8_block": 128}) if blocks else ({}, {})
+        bx, bw = ({"fp8_block": LEFT_BLOCK}, {"fp8_block": RIGHT_BLOCK}) if blocks else ({}, {})
         qx = _q(x2d, state, rule="quest", mask=True, deq=not fp8, **bx)
         qw = _q(w, state, rule="quest", mask=True, deq=not fp8, **bw)
         state.add_flushed(qx, qw)
@@ -178,8 +180,8 @@ class QuartetLinearFn(torch.autograd.Function):
         if ctx.blocks:
             # left operands (E, Eᵀ) per 1×128 block, right ones (Ŵᵀ, X̂ᵀ) per 128×128; the saved FP8
             # X̂ / Ŵ are read back through their block scales
-            left, right = {"fp8_block": 1}, {"fp8_block": 128}
-            in_w, in_x = {"in_scale_rows": 128}, {"in_scale_rows": 1}
+            left, right = {"fp8_block": LEFT_BLOCK}, {"fp8_block": RIGHT_BLOCK}
+            in_w, in_x = {"in_scale_rows": RIGHT_BLOCK}, {"in_scale_rows": LEFT_BLOCK}
         else:
             left = right = in_w = in_x = {}
         # dX̂ = E Ŵ, reduced over out: E grouped along its rows, Ŵᵀ read from Ŵ's columns

@@ -15,7 +15,7 @@ The maths (the same as the pure-PyTorch oracle in :mod:`quartet.quant`):
   ``⌊log2 v⌋`` is read from the float's exponent bits, so it is exact (no ``log2`` approximation).
 * ``y/σ`` is rounded onto the E2M1 grid {0, .5, 1, 1.5, 2, 3, 4, 6}: round-to-nearest with the thresholds
   0.25/0.75/1.25/1.75/2.5/3.5/5, or stochastically (P(up) = distance to the lower grid point over the
-  gap, uniform numbers from a keyed hash of (seed, element index), or Triton's Philox); it saturates at 6. The
+  gap, uniform numbers from Triton's Philox keyed by (seed, element index)); it saturates at 6. The
   QuEST mask is ``|y/σ| < 6``.
 * Outputs (chosen per call): the dequantized ``q·σ`` (exact in bf16), packed E2M1 codes + E8M0 scales
   (Blackwell MXFP4), or FP8 with a folded per-row scale (Hopper): every E2M1 value times a power of two is
@@ -53,10 +53,6 @@ FP8_FORMATS = {
     "e5m2": ("float8_e5m2", 13, -16),   # 6·8192 = 49152 <= 57344; subnormal step 2^-16
 }
 INV_SQRT32 = 1.0 / math.sqrt(32.0)
-#: uniform numbers of stochastic rounding: "philox" (the default) or "hash" (an element-wise keyed hash:
-#: fewer integer operations, but measured no faster on an H200 — the SR kernel is not bound by its RNG)
-SR_RNGS = {"philox": 0, "hash": 1}
-SR_RNG = "philox"
 
 
 def sylvester_pm1(n: int = 32) -> torch.Tensor:
@@ -89,25 +85,23 @@ if HAS_TRITON:
         return tl.minimum(tl.ceil(a * inv - 0.5) * step, 6.0)
 
     @triton.jit
-    def _mix32(x):
-        """A 32-bit avalanche mix (xorshift-multiply, two odd multipliers) on uint32 values."""
-        x ^= x >> 16
-        x *= tl.full((), 0x7FEB352D, tl.uint32)
-        x ^= x >> 15
-        x *= tl.full((), 0x846CA68B, tl.uint32)
-        x ^= x >> 16
-        return x
+    def _exp2_wide(p):
+        """2**p as float32 for int32 p down to -252 (two exact factors: a scale exponent can be < -126)."""
+        half = p >> 1
+        return _exp2i(half) * _exp2i(p - half)
 
     @triton.jit
-    def _sr_uniform(sd, idx):
-        """Uniform [0, 1) numbers for stochastic rounding, one per element index ``idx`` (a counter-based
-        hash keyed by the seed): element-wise, so no shuffles, and ~12 integer operations per element
-        against ~25 for a Philox-4x32-10 draw. Two keyed rounds, so that streams of different seeds are
-        not shifted copies of each other."""
-        k = sd.to(tl.uint32)
-        x = _mix32(idx.to(tl.uint32) ^ _mix32(k ^ tl.full((), 0x9E3779B9, tl.uint32)))
-        x = _mix32(x ^ k)
-        return (x >> 8).to(tl.float32) * 5.960464477539063e-08  # top 24 bits
+    def _fold_store_fp8(sq, e, e_ref, fp8_ptr, offs, inb, flush_ptr, SHIFT: tl.constexpr):
+        """Store signed E2M1 values ``sq`` (G, 32) of group exponents ``e`` (G,) as FP8 folded against the
+        row / block exponent ``e_ref``: ``fp8(sq · 2^(e − e_ref + shift))``, and add the values that FP8
+        cannot hold exactly to the flush counter. ``d`` is clamped to the shift: a row or block with no
+        nonzero group has ``e_ref = -127`` and only zeros."""
+        d = tl.minimum(e - e_ref + SHIFT, SHIFT)
+        val = sq * _exp2i(tl.maximum(d, -126))[:, None]
+        f8 = val.to(fp8_ptr.dtype.element_ty)
+        flushed = (f8.to(tl.float32) != val) & inb
+        tl.atomic_add(flush_ptr, tl.sum(tl.sum(flushed.to(tl.int32), axis=1), axis=0))
+        tl.store(fp8_ptr + offs, f8, mask=inb)
 
     @triton.jit
     def _mx_quant_kernel(
@@ -119,7 +113,7 @@ if HAS_TRITON:
         MODE: tl.constexpr, WRITE_MASK: tl.constexpr, WRITE_DEQ: tl.constexpr, DOT_BF16: tl.constexpr,
         IN_SCALE: tl.constexpr, COL_ORDER: tl.constexpr, FP8_SHIFT: tl.constexpr, SEED_PTR: tl.constexpr,
         BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, IN_T: tl.constexpr = False, IN_BR: tl.constexpr = 1,
-        SCALE_BR: tl.constexpr = 1, FACTOR: tl.constexpr = 1.0, RNG: tl.constexpr = 1,
+        SCALE_BR: tl.constexpr = 1, FACTOR: tl.constexpr = 1.0,
     ):
         # The tile is handled as G groups x 32 elements from the start (no reshapes): group g covers
         # logical row r(g), columns k0(g) .. k0(g)+31. COL_ORDER numbers groups row-fastest, so that
@@ -223,15 +217,12 @@ if HAS_TRITON:
                     sd = tl.load(seed)
                 else:
                     sd = seed
-                if RNG == 1:
-                    rnd = _sr_uniform(sd, gid[:, None] * 32 + c[None, :])
-                else:
-                    # Philox: one call yields four 32-bit numbers: draw per (group, 8 lanes) and spread
-                    # them over the 32 elements of the group (a fixed bijection), a quarter of tl.rand's work
-                    offs4 = gid[:, None] * 8 + tl.arange(0, 8)[None, :]
-                    r0, r1, r2, r3 = tl.randint4x(sd, offs4)
-                    rr = tl.reshape(tl.join(tl.join(r0, r1), tl.join(r2, r3)), (G, 32))
-                    rnd = (rr >> 8).to(tl.float32) * 5.960464477539063e-08  # top 24 bits -> [0, 1)
+                # one Philox call yields four 32-bit numbers: draw per (group, 8 lanes) and spread them
+                # over the 32 elements of the group (a fixed bijection), a quarter of tl.rand's work
+                offs4 = gid[:, None] * 8 + tl.arange(0, 8)[None, :]
+                r0, r1, r2, r3 = tl.randint4x(sd, offs4)
+                rr = tl.reshape(tl.join(tl.join(r0, r1), tl.join(r2, r3)), (G, 32))
+                rnd = (rr >> 8).to(tl.float32) * 5.960464477539063e-08  # top 24 bits -> [0, 1)
                 # grid spacing of E2M1 around a (0.5 below 2, 1 below 4, then 2) and its inverse, by
                 # selects rather than a division (the kernel is instruction bound)
                 big = a >= 4.0
@@ -283,16 +274,8 @@ if HAS_TRITON:
                 else:
                     eb = tl.max(e_fold, axis=0)
                     eg = eb
-                d = tl.minimum(e - eg + FP8_SHIFT, FP8_SHIFT)
-                val = tl.where(neg, -q, q) * _exp2i(tl.maximum(d, -126))[:, None]
-                f8 = val.to(fp8_ptr.dtype.element_ty)
-                flushed = (f8.to(tl.float32) != val) & inb
-                tl.atomic_add(flush_ptr, tl.sum(tl.sum(flushed.to(tl.int32), axis=1), axis=0))
-                tl.store(fp8_ptr + out_offs, f8, mask=inb)
-                # block scale 2^(e_blk − shift)·factor, in two exact factors (the exponent can be < −126)
-                p = eb - FP8_SHIFT
-                half = p >> 1
-                sc = (_exp2i(half) * _exp2i(p - half)) * FACTOR
+                _fold_store_fp8(tl.where(neg, -q, q), e, eg, fp8_ptr, out_offs, inb, flush_ptr, FP8_SHIFT)
+                sc = _exp2_wide(eb - FP8_SHIFT) * FACTOR  # the block scale 2^(e_blk − shift)·factor
                 if SCALE_BR == 1:
                     # stored (K/128, R) row-major: the (R, K/128) column-major view F.scaled_mm wants
                     rr_ = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -302,13 +285,7 @@ if HAS_TRITON:
                     tl.store(bscale_ptr + pid_r * bscale_ld + pid_k, sc)
             if MODE == 3:
                 er = tl.load(rowexp_ptr + rows, mask=rmask, other=0)
-                d = tl.minimum(e - er + FP8_SHIFT, FP8_SHIFT)
-                val = tl.where(neg, -q, q) * _exp2i(tl.maximum(d, -126))[:, None]
-                f8 = val.to(fp8_ptr.dtype.element_ty)
-                # a value is flushed when the FP8 number differs from the exact folded value
-                flushed = (f8.to(tl.float32) != val) & inb
-                tl.atomic_add(flush_ptr, tl.sum(tl.sum(flushed.to(tl.int32), axis=1), axis=0))
-                tl.store(fp8_ptr + out_offs, f8, mask=inb)
+                _fold_store_fp8(tl.where(neg, -q, q), e, er, fp8_ptr, out_offs, inb, flush_ptr, FP8_SHIFT)
 
     @triton.jit
     def _fp8_fold_kernel(fp8_ptr, gexp_ptr, rowexp_ptr, flush_ptr, rowscale_ptr, R, K,
@@ -331,19 +308,12 @@ if HAS_TRITON:
         q = tl.load(fp8_ptr + offs, mask=inb, other=0.0).to(tl.float32)
         e = tl.load(gexp_ptr + rows.to(tl.int64) * (K // 32) + k0 // 32, mask=rmask, other=0).to(tl.int32)
         er = tl.load(rowexp_ptr + rows, mask=rmask, other=0)
-        d = tl.minimum(e - er + FP8_SHIFT, FP8_SHIFT)
-        val = q * _exp2i(tl.maximum(d, -126))[:, None]
-        f8 = val.to(fp8_ptr.dtype.element_ty)
-        flushed = (f8.to(tl.float32) != val) & inb
-        tl.atomic_add(flush_ptr, tl.sum(tl.sum(flushed.to(tl.int32), axis=1), axis=0))
-        tl.store(fp8_ptr + offs, f8, mask=inb)
+        _fold_store_fp8(q, e, er, fp8_ptr, offs, inb, flush_ptr, FP8_SHIFT)
         if tl.program_id(1) == 0:
-            # the row scales 2^(e_row − shift)·factor (in two exact factors: the exponent can be < −126)
+            # the row scales 2^(e_row − shift)·factor
             rr = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-            p = tl.load(rowexp_ptr + rr, mask=rr < R, other=0) - FP8_SHIFT
-            half = p >> 1
-            sc = (_exp2i(half) * _exp2i(p - half)) * FACTOR
-            tl.store(rowscale_ptr + rr, sc, mask=rr < R)
+            er_ = tl.load(rowexp_ptr + rr, mask=rr < R, other=0)
+            tl.store(rowscale_ptr + rr, _exp2_wide(er_ - FP8_SHIFT) * FACTOR, mask=rr < R)
 
     @triton.jit
     def _absmax43_fold(y, er, sd, gid, STOCHASTIC: tl.constexpr, SHIFT: tl.constexpr, G: tl.constexpr):
@@ -515,8 +485,8 @@ class QuantizedOperand:
         if self.block_scale is None:
             return v * self.row_scale
         R, K = v.shape
-        sc = self.block_scale.repeat_interleave(self.scale_rows, 0)[:R]
-        return v * sc[:, : K // 128].repeat_interleave(128, 1)[:, :K]
+        sc = self.block_scale.repeat_interleave(self.scale_rows, 0)[:R, : K // 128]
+        return v * sc.repeat_interleave(128, 1)
 
 
 def _logical(x: torch.Tensor, axis: int):
@@ -570,15 +540,14 @@ def mx_quantize(
     flush: torch.Tensor | None = None,
     fp8_block: int | None = None,
     in_scale_rows: int | None = None,
-    sr_rng: str | None = None,
 ) -> QuantizedOperand:
     """Quantize a 2-D operand to MXFP4 in one fused pass (plus a row-exponent pass when ``fp8`` is set).
 
     ``axis`` is the group (contraction) axis of the *stored* tensor: ``-1`` groups along rows of ``x``,
     ``0`` groups along its columns and returns outputs for ``x.T`` without ever copying ``x.T``.
     ``rule`` is ``quest`` | ``absmax`` (Quartet backward, ×4/3, no clipping) | ``rtn_absmax`` (OCP).
-    ``stochastic`` rounds with uniform numbers keyed by ``seed`` and the element index (a new seed per
-    call gives a new stream; ``sr_rng`` picks the generator, default :data:`SR_RNG`); ``seed`` may be a one-element int64 CUDA tensor, read by the kernel, so
+    ``stochastic`` rounds with Philox numbers keyed by ``seed`` and the element index (a new seed per
+    call gives a new stream); ``seed`` may be a one-element int64 CUDA tensor, read by the kernel, so
     a captured CUDA graph can draw a new seed on the device for every replay. ``signs`` (32 values ±1) randomize the Hadamard (applied before H).
     ``fp8`` (``"e4m3"``/``"e5m2"``) also returns the operand folded into FP8 with one scale per row.
     ``row_exp`` picks the row's fold exponent: ``"exact"`` (a first kernel pass finds the largest group
@@ -638,20 +607,15 @@ def mx_quantize(
                              f"with {in_scale_rows}x128 blocks")
         in_sc, in_mode = in_scale, 3
         in_s0, in_s1 = in_scale.stride()
-        if row_exp == "bound":
-            row_exp = "exact"
     elif in_scale is not None:
         in_sc = in_scale.reshape(-1).to(device=dev, dtype=torch.float32).contiguous()
         if in_sc.numel() != x.shape[0]:
             raise ValueError(f"in_scale needs one value per stored row ({x.shape[0]}), got {in_sc.numel()}")
         in_mode = 1 if axis in (-1, 1) else 2
-        if row_exp == "bound":
-            row_exp = "exact"  # the max|x| bound would need the scaled values
     else:
         in_sc, in_mode = dummy, 0
-    rng = SR_RNG if sr_rng is None else sr_rng
-    if rng not in SR_RNGS:
-        raise ValueError(f"sr_rng must be one of {sorted(SR_RNGS)}, got {rng!r}")
+    if in_scale is not None and row_exp == "bound":
+        row_exp = "exact"  # the max|x| bound would need the scaled values
     seed_ptr = isinstance(seed, torch.Tensor)
     if seed_ptr and (seed.numel() != 1 or seed.device != x.device):
         raise ValueError("a tensor seed must be one integer on the operand's device")
@@ -662,7 +626,7 @@ def mx_quantize(
         # the CPU interpreter has no bf16 dot and uses an IEEE float32 dot
         DOT_BF16=(0 if dev.type != "cuda" else 1 if (x.dtype == torch.bfloat16 or in_scale is not None) else 2),
         IN_SCALE=in_mode, COL_ORDER=(s_r == 1 and s_k != 1), BLOCK_R=br, BLOCK_K=bk, num_warps=warps,
-        IN_T=axis == 0, IN_BR=in_scale_rows or 1, RNG=SR_RNGS[rng],
+        IN_T=axis == 0, IN_BR=in_scale_rows or 1,
     )
     mask_t = out.mask.view(torch.int8) if mask else dummy
     deq_t = out.deq if deq else dummy
@@ -692,16 +656,19 @@ def mx_quantize(
         dtype_name, shift, _ = FP8_FORMATS[fp8]
         flush = flush_in if flush_in is not None else torch.zeros(1, device=dev, dtype=torch.int32)
         if fp8_block is not None:
-            pass
+            mode = MODE_BLOCK  # the block's fold exponent is known inside the tile: one pass
         elif row_exp == "exact":
             rowexp = torch.full((R,), -127, device=dev, dtype=torch.int32)
             _mx_quant_kernel[grid](x, R, K, s_r, s_k, in_sc, in_s0, in_s1, sg, h, dummy, dummy, dummy, dummy, dummy,
                                    rowexp, dummy, dummy, 0, seed, bits, MODE=MODE_ROWEXP, WRITE_MASK=False, WRITE_DEQ=False,
                                    FP8_SHIFT=shift, **common)
+            mode = MODE_FP8
         elif row_exp == "bound":
             rowexp = _row_exp_bound(x, axis, rule, hadamard)
+            mode = MODE_FP8
         elif row_exp == "fused":
             rowexp = torch.full((R,), -127, device=dev, dtype=torch.int32)
+            mode = MODE_STAGE
         else:
             raise ValueError(f"row_exp must be 'exact', 'bound' or 'fused', got {row_exp!r}")
         out.fp8 = torch.empty(R, K, device=dev, dtype=getattr(torch, dtype_name))
@@ -709,7 +676,6 @@ def mx_quantize(
         out.rowexp = rowexp
         out.fp8_shift = shift
         out.flushed = flush
-        mode = MODE_BLOCK if fp8_block else MODE_STAGE if row_exp == "fused" else MODE_FP8
         if mode == MODE_BLOCK:
             out.scale_rows = scale_rows
             if scale_rows == 1:
