@@ -70,10 +70,16 @@ class DataConfig:
     """Where the token shards come from; prepared once by ``quartet data prepare`` (or on first use)."""
 
     name: str = MISSING
-    #: shakespeare (bundled corpus) | files (local text files/folders) | hf (Hugging Face datasets, e.g. C4)
+    #: shakespeare (bundled corpus) | files (local text files/folders) | code (source files of local folders,
+    #: by default this interpreter's installed libraries) | hf (Hugging Face datasets, e.g. C4)
     source: str = "shakespeare"
-    #: for source=files: files or folders of *.txt; for source=hf: ignored
+    #: for source=files: files or folders of *.txt; for source=code: files or folders to walk ([] = this
+    #: interpreter's stdlib + site-packages); for source=hf: ignored
     paths: list[str] = field(default_factory=list)
+    #: for source=code: file name endings that make a document (e.g. [".py", ".pyi"])
+    extensions: list[str] = field(default_factory=lambda: [".py"])
+    #: for source=code: skip files larger than this many bytes (generated tables, vendored blobs)
+    max_file_bytes: int = 1_000_000
     #: for source=hf: dataset path / config / split (C4: allenai/c4, en, train)
     hf_path: str = "allenai/c4"
     hf_name: Optional[str] = "en"
@@ -84,6 +90,9 @@ class DataConfig:
     #: for tokenizer=hf: the Hugging Face tokenizer (the paper: meta-llama/Llama-2-7b-hf)
     tokenizer_name: Optional[str] = None
     vocab_size: int = 2048
+    #: for tokenizer=bpe: train the BPE on the train documents in corpus order up to this many characters
+    #: (whole documents; null = all train documents); bounds BPE time on large corpora, encoding covers all
+    tokenizer_train_chars: Optional[int] = None
     #: auto (uint16 when vocab <= 65536, else uint32) | uint16 | uint32
     token_dtype: str = "auto"
     #: held-out fraction of documents (document-level split; the paper holds out 0.0005 of C4)
@@ -163,7 +172,10 @@ class RunConfig:
     device: str = "auto"
     #: bf16 autocast on CUDA (fp32 on CPU regardless)
     amp: bool = True
+    #: torch.compile the training forward/backward (quantized layers with per-call seeds stay eager)
     compile: bool = False
+    #: torch.compile mode when compile is on: default | reduce-overhead (CUDA graphs) | max-autotune-no-cudagraphs
+    compile_mode: str = "default"
     #: CPU threads for torch (0 = torch's default); 1 is fastest when several runs share few cores
     threads: int = 0
 
@@ -204,6 +216,8 @@ class TrainConfig:
 
 
 _GROUPS = ("model", "precision", "budget", "data", "optim", "logging")
+#: torch.compile modes a run may ask for (run.compile_mode)
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
 _registered = False
 
 
@@ -452,12 +466,19 @@ def resolve(cfg: DictConfig, world_size: int = 1) -> ResolvedRun:
     warmup = steps // 10 if float(o.warmup_fraction) == 0.1 else int(steps * float(o.warmup_fraction))
     for key, value, allowed in (("run.device", r.device, ("auto", "cpu", "cuda")),
                                 ("logging.wandb.mode", cfg.logging.wandb.mode, ("offline", "online", "disabled")),
-                                ("data.source", d.source, ("shakespeare", "files", "hf")),
+                                ("data.source", d.source, ("shakespeare", "files", "code", "hf")),
                                 ("data.tokenizer", d.tokenizer, ("bpe", "hf")),
-                                ("data.verify", d.verify, ("full", "size"))):
+                                ("data.verify", d.verify, ("full", "size")),
+                                ("run.compile_mode", r.compile_mode, COMPILE_MODES)):
         _require(value in allowed, f"{key}={value!r}: allowed: {', '.join(allowed)}")
     _require(0 < float(d.val_fraction) < 1, f"data.val_fraction={d.val_fraction}: allowed 0 < f < 1")
     _require(d.source != "files" or len(d.paths) > 0, "data.paths: source=files needs at least one file or folder")
+    # source=code accepts empty paths (= this interpreter's libraries), but needs something to match.
+    _require(d.source != "code" or (len(d.extensions) > 0 and all(str(e) for e in d.extensions)),
+             f"data.extensions={list(d.extensions)}: source=code needs at least one non-empty file ending, e.g. [.py]")
+    _require(int(d.max_file_bytes) > 0, f"data.max_file_bytes={d.max_file_bytes}: must be a positive integer")
+    _require(d.tokenizer_train_chars is None or int(d.tokenizer_train_chars) > 0,
+             f"data.tokenizer_train_chars={d.tokenizer_train_chars}: must be a positive integer or null (= all)")
     _require(d.tokenizer != "hf" or bool(d.tokenizer_name), "data.tokenizer_name: tokenizer=hf needs a name "
              "(e.g. meta-llama/Llama-2-7b-hf)")
 

@@ -23,6 +23,20 @@ _DATA_IDENTITY = ("source", "paths", "hf_path", "hf_name", "hf_split", "hf_text_
 _PRECISION_NON_SEMANTIC = ("backend", "stats_every")
 
 
+def _newer_data_identity(data: dict) -> dict:
+    """Data keys that change the token stream but are newer than the run-id scheme (``quartet.data.IDENTITY_KEYS``
+    beyond ``_DATA_IDENTITY``): part of the identity only when set away from their default, so the ids of runs
+    made before a key existed do not change (their config means the default)."""
+    from dataclasses import fields
+
+    from quartet.config import DataConfig
+    from quartet.data import IDENTITY_KEYS
+
+    defaults = {f.name: (f.default_factory() if callable(f.default_factory) else f.default) for f in fields(DataConfig)}
+    return {k: data.get(k) for k in IDENTITY_KEYS
+            if k not in _DATA_IDENTITY and k in data and data.get(k) != defaults.get(k)}
+
+
 def semantic_config(cfg: DictConfig) -> dict:
     """The part of the config that defines the experiment (the input of the run hash)."""
     from quartet.config import resolve
@@ -34,6 +48,7 @@ def semantic_config(cfg: DictConfig) -> dict:
     optim = {k: v for k, v in c["optim"].items() if k not in ("name", "lr", "batch_size", "micro_batch_size")}
     optim.update(lr=res.lr, batch_size=res.batch_size)
     data = {k: c["data"].get(k) for k in _DATA_IDENTITY}
+    data.update(_newer_data_identity(c["data"]))
     return {"model": model, "budget_tokens": res.budget_tokens, "steps": res.steps, "precision": precision,
             "data": data, "optim": optim, "seed": c["run"]["seed"], "data_seed": c["run"]["data_seed"]}
 

@@ -83,4 +83,4 @@ def test_data_cli_prepare_verify_and_errors(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("quartet: error: data: shard") and "\n" not in err
     assert data_main(["prepare", "data=nope"]) == 2
-    assert "data=nope: unknown data; allowed: c4, files, shakespeare" in capsys.readouterr().err
+    assert "data=nope: unknown data; allowed: c4, files, pycode, shakespeare" in capsys.readouterr().err
