@@ -10,6 +10,8 @@
      returns at once. sbatch scripts and logs stay in ``<runs>/<sweep>/slurm/``.
    - ``local``: a pool of ``workers`` processes (``threads_per_worker`` torch threads each) on this
      machine; blocks with per-run and whole-sweep progress. Ctrl-C checkpoints the running runs.
+     With ``gpus`` > 0 the pool has ``gpus * workers_per_gpu`` processes, each pinned to one GPU,
+     and the runs' data is prepared here first, with its progress on this terminal.
 
 Override routing: ``cluster.<key>=v`` edits the profile, ``sweep.<key>=v`` edits the sweep spec
 (e.g. ``sweep.axes.precision=[bf16]``), anything else is a Hydra override applied to every run.
@@ -30,7 +32,7 @@ from pathlib import Path
 
 from cluster import runstate
 from cluster.plan import Plan, PlannedRun, build_plan, render_plan, write_run_config
-from cluster.profiles import ClusterProfile, load_profile
+from cluster.profiles import ClusterProfile, load_profile, local_gpus, local_pool_size
 from cluster.spec import load_sweep
 from quartet.errors import QuartetError
 
@@ -154,33 +156,96 @@ def submit_slurm(plan: Plan, runs: list[PlannedRun]) -> list[tuple[str, int]]:
 # ----------------------------------------------------------------------------------- local
 
 
+def prepare_data(runs: list[PlannedRun], console=None) -> list[Path]:
+    """Prepare every distinct data set of ``runs`` once, in this process, with visible progress.
+
+    Otherwise the first worker to need a data set prepares it inside its own stdout.log while the
+    others wait on its lock, and the launcher's terminal shows nothing. Returns the data folders;
+    raises a one-line QuartetError naming the data set.
+    """
+    from quartet.data import data_dir, data_key, prepare
+
+    groups: dict[tuple[str, str], list[PlannedRun]] = {}
+    for r in runs:
+        try:
+            key = (str(data_dir(r.cfg.data)), data_key(r.cfg.data))
+        except Exception as exc:
+            raise QuartetError(f"data of run {r.run_id}: {_error_line(exc)}") from exc
+        groups.setdefault(key, []).append(r)
+    folders = []
+    for (folder, _), members in groups.items():
+        dcfg = members[0].cfg.data
+        name = dcfg.get("name", "?")
+        if console is not None and not (Path(folder) / "manifest.json").is_file():
+            console.print(f"preparing data {name} in {folder} (used by {len(members)} run(s)) ...")
+        try:
+            folders.append(prepare(dcfg, progress=True))
+        except Exception as exc:
+            raise QuartetError(f"preparing data {name} ({folder}) failed, nothing was started: {_error_line(exc)}") from exc
+    return folders
+
+
+def _error_line(exc: BaseException) -> str:
+    """First line of an error; non-project errors keep their type name (e.g. NotADirectoryError: ...)."""
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else ""
+    return first if isinstance(exc, QuartetError) and first else f"{type(exc).__name__}: {first}".rstrip(": ")
+
+
+def local_pool(profile: ClusterProfile, n_runs: int):
+    """The process pool of a local launch for ``n_runs`` runs (a ProcessPoolExecutor, spawn context).
+
+    ``gpus`` = 0: ``workers`` processes. ``gpus`` > 0: ``gpus * workers_per_gpu`` processes, each
+    taking one GPU slot from a queue in its initializer (:func:`cluster.task._init_local_worker`).
+    The queue holds exactly ``workers_per_gpu`` slots per GPU and a process takes one for its whole
+    life, so no GPU ever has more than ``workers_per_gpu`` runs at once. Never more processes than runs.
+    """
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    from cluster.task import _init_local_worker, gpu_slots
+
+    gpus = local_gpus(profile)
+    size = min(local_pool_size(profile, gpus), max(1, n_runs))
+    threads = max(1, profile.threads_per_worker)
+    # Children start with this many BLAS/OpenMP threads (set before spawn so the import sees it).
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    # spawn, never fork: a forked child inherits the parent's CUDA state (torch may have counted GPUs
+    # here), and each worker must choose its GPU itself before CUDA starts in it.
+    ctx = mp.get_context("spawn")
+    slots = None
+    if gpus:
+        slots = ctx.Queue()
+        for slot in gpu_slots(gpus, profile.workers_per_gpu, os.environ.get("CUDA_VISIBLE_DEVICES")):
+            slots.put(slot)
+    return ProcessPoolExecutor(max_workers=size, mp_context=ctx, initializer=_init_local_worker,
+                               initargs=(threads, slots))
+
+
 def run_local(plan: Plan, runs: list[PlannedRun], console=None) -> tuple[int, int, int]:
     """Run ``runs`` in a process pool on this machine with progress; returns (completed, failed, stopped)."""
-    import multiprocessing as mp
-    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+    from concurrent.futures import FIRST_COMPLETED, wait
 
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from cluster.task import _init_local_worker, local_worker
+    from cluster.task import local_worker
 
     console = console or Console()
     prof = plan.profile
-    threads = max(1, prof.threads_per_worker)
-    # Children start with this many BLAS/OpenMP threads (set before spawn so the import sees it).
-    os.environ["OMP_NUM_THREADS"] = str(threads)
+    gpus = local_gpus(prof)
+    size = min(local_pool_size(prof, gpus), len(runs))
     # Longest first: better packing of the pool, and the shortest runs fill the tail.
     runs = sorted(runs, key=lambda r: -r.hours)
     job_id = f"local-{os.getpid()}"
     completed = failed = stopped = 0
-    ctx = mp.get_context("spawn")
     t0 = time.time()
+    where = f", {gpus} GPU{'s' if gpus != 1 else ''} x {max(1, prof.workers_per_gpu)}" if gpus else ""
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=False) as progress:
-        overall = progress.add_task(f"sweep {plan.spec.name} ({len(runs)} runs, {prof.workers} workers)", total=len(runs))
+        overall = progress.add_task(f"sweep {plan.spec.name} ({len(runs)} runs, {size} workers{where})", total=len(runs))
         bars: dict[str, int] = {}
-        with ProcessPoolExecutor(max_workers=min(prof.workers, len(runs)), mp_context=ctx,
-                                 initializer=_init_local_worker, initargs=(threads,)) as pool:
+        with local_pool(prof, len(runs)) as pool:
             futures = {pool.submit(local_worker, str(r.run_dir), job_id): r for r in runs}
             pending = set(futures)
             try:
@@ -188,7 +253,9 @@ def run_local(plan: Plan, runs: list[PlannedRun], console=None) -> tuple[int, in
                     done, pending = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
                     for fut in done:
                         r = futures[fut]
-                        _, state, err = fut.result()
+                        res = fut.result()
+                        state, err = res.state, res.error
+                        on = f"  gpu {res.gpu}" if res.gpu is not None else ""
                         runstate.release_claim(r.run_dir)
                         if r.run_id in bars:
                             progress.remove_task(bars.pop(r.run_id))
@@ -197,13 +264,13 @@ def run_local(plan: Plan, runs: list[PlannedRun], console=None) -> tuple[int, in
                             completed += 1
                             summ = runstate.read_json(r.run_dir / runstate.SUMMARY) or {}
                             loss = summ.get("val_loss")
-                            progress.console.print(f"[green]done[/] {r.run_id}  val_loss={loss:.4f}" if isinstance(loss, (int, float)) else f"[green]done[/] {r.run_id}")
+                            progress.console.print(f"[green]done[/] {r.run_id}  val_loss={loss:.4f}{on}" if isinstance(loss, (int, float)) else f"[green]done[/] {r.run_id}{on}")
                         elif state == "failed":
                             failed += 1
-                            progress.console.print(f"[red]failed[/] {r.run_id}: {err} (traceback in {r.run_dir / runstate.ERROR})")
+                            progress.console.print(f"[red]failed[/] {r.run_id}{on}: {err} (traceback in {r.run_dir / runstate.ERROR})")
                         else:
                             stopped += 1
-                            progress.console.print(f"[yellow]{state}[/] {r.run_id}")
+                            progress.console.print(f"[yellow]{state}[/] {r.run_id}{on}")
                     for fut in pending:
                         r = futures[fut]
                         if not fut.running():
@@ -276,6 +343,19 @@ def cli_main(argv: list[str] | None = None) -> int:
     if not todo:
         console.print(f"nothing to submit: all {len(plan.runs)} runs are done or running (quartet status {plan.spec.name})")
         return 0
+    if plan.profile.kind == "local":
+        try:
+            gpus = local_gpus(plan.profile)  # gpus=auto without a GPU: one line, nothing claimed
+            if gpus:
+                from cluster.task import gpu_slots
+
+                gpu_slots(gpus, plan.profile.workers_per_gpu, os.environ.get("CUDA_VISIBLE_DEVICES"))
+                # CPU pools (gpus=0) keep preparing in the workers: there a run with bad data fails
+                # alone and the others still train, as before.
+                prepare_data(todo, console)
+        except QuartetError as exc:
+            print(f"quartet sweep: error: {exc}", file=sys.stderr)
+            return 2
     claimed, taken = claim_and_prepare(plan, todo)
     if taken:
         console.print(f"{len(taken)} run(s) were claimed by another launch in the meantime; skipped")

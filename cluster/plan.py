@@ -14,7 +14,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from cluster import runstate, slurm
-from cluster.profiles import ClusterProfile, Resources, gpu_hours, resources_for
+from cluster.profiles import ClusterProfile, Resources, describe_local, gpu_hours, resources_for
 from cluster.spec import RunPoint, SweepSpec, expand
 from quartet.errors import ConfigError, QuartetError
 
@@ -232,6 +232,8 @@ def render_plan(plan: Plan, console=None, max_rows: int | None = None) -> None:
         + f" | to submit: {len(plan.pending())} | {dev}-hours: {todo_h:.4g} to run, {total_h:.4g} for the whole sweep"
         + f" | FLOPs total {_si(sum(r.flops for r in plan.runs))}"
     )
+    if prof.kind == "local":
+        console.print(f"pool: {describe_local(prof)}")
     if prof.kind == "slurm":
         arrays = plan.arrays(plan.runs)
         todo = plan.arrays()

@@ -8,6 +8,18 @@ Resources per run come from an ordered list of rules keyed by the run's non-embe
 count N: the first rule with ``N <= max_params`` gives GPUs (one task per GPU), nodes, CPUs per task,
 memory and the time limit. Runs with equal resources form one job array.
 
+Local profiles (``kind: local``) run a process pool on this machine, one run per worker at a time:
+
+- ``gpus: 0`` (default): CPU only, ``workers`` processes with ``threads_per_worker`` torch threads each.
+- ``gpus: N`` (GPUs 0..N-1, counted within ``CUDA_VISIBLE_DEVICES`` when the launcher has it set) or
+  ``gpus: auto`` (every visible GPU): the pool has ``gpus * workers_per_gpu`` workers (``workers`` is
+  then ignored) and each worker is pinned to one GPU (``CUDA_VISIBLE_DEVICES=<index>`` set before it
+  touches CUDA), never more than ``workers_per_gpu`` workers on one GPU. Small models cannot fill a
+  large GPU alone, so packing several runs per GPU is what makes a workstation sweep fast.
+
+A local run is one process: its rule may ask for at most one GPU and one node (multi-GPU runs need
+a Slurm profile); the pool, not the rule, decides whether it gets a GPU.
+
 GPU-hours estimate (printed by the plan; a budget, not a promise)::
 
     gpu_hours = 6 * N * D / (peak_flops_per_gpu * mfu * speedup[precision]) / 3600
@@ -52,8 +64,12 @@ class ClusterProfile:
     kind: str = "local"  # local | slurm
     description: str = ""
     # --- local ---
-    workers: int = 2  # parallel runs on this machine
-    threads_per_worker: int = 1  # torch threads per local run
+    workers: int = 2  # parallel runs on this machine when gpus=0 (ignored with gpus > 0)
+    threads_per_worker: int = 1  # torch CPU threads per local run (also with GPUs: data, optimizer)
+    # GPUs of the local pool: 0 = CPU only, N = GPUs 0..N-1 (of CUDA_VISIBLE_DEVICES if set),
+    # "auto" = all visible. Any, not int|str: OmegaConf structured configs have no primitive unions.
+    gpus: Any = 0
+    workers_per_gpu: int = 1  # with gpus > 0: runs at once per GPU; pool = gpus * workers_per_gpu
     # --- slurm: sbatch options (None = not passed) ---
     partition: Optional[str] = None
     account: Optional[str] = None
@@ -100,7 +116,7 @@ class Resources:
     def describe(self, profile: ClusterProfile) -> str:
         """One-line summary for the plan."""
         if profile.kind == "local":
-            return f"local, 1 process x {profile.threads_per_worker} thread(s)"
+            return describe_local(profile)
         gres = f"gpu:{profile.gpu_type}:{self.gpus_per_node}" if profile.gpu_type else f"{self.gpus_per_node} GPU"
         return (
             f"{self.nodes} node(s) x {self.tasks_per_node} task(s), {gres}/node, "
@@ -136,7 +152,82 @@ def load_profile(name_or_path: str, overrides: list[str] | None = None) -> Clust
         raise ConfigError(f"cluster profile {prof.name}: resources must list at least one rule")
     if prof.workers < 1:
         raise ConfigError(f"cluster profile {prof.name}: workers must be >= 1, got {prof.workers}")
+    prof.gpus = _parse_gpus(prof)
+    if prof.workers_per_gpu < 1:
+        raise ConfigError(f"cluster profile {prof.name}: workers_per_gpu must be >= 1, got {prof.workers_per_gpu}")
     return prof
+
+
+def _parse_gpus(profile: ClusterProfile) -> int | str:
+    """``gpus`` as an int >= 0 or the string ``auto`` (YAML and dotlist overrides give int or str)."""
+    value = profile.gpus
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text == "auto":
+            return "auto"
+        if text.isdigit():
+            return int(text)
+    elif isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    raise ConfigError(f"cluster profile {profile.name}: gpus={value!r}; allowed: 0 (CPU only), a GPU count N, auto")
+
+
+def visible_cuda_count() -> int:
+    """CUDA devices this process can see (honours CUDA_VISIBLE_DEVICES).
+
+    ``torch.cuda.device_count()`` does not create a CUDA context, and the local pool spawns (never
+    forks) its workers, so counting here leaves them free to pick their own device.
+    """
+    import torch
+
+    return int(torch.cuda.device_count())
+
+
+def local_gpus(profile: ClusterProfile) -> int:
+    """How many GPUs the local pool of ``profile`` uses (0 = CPU only); resolves ``gpus: auto``.
+
+    Raises a one-line ConfigError for ``auto`` with no visible GPU, or for more GPUs than are visible.
+    """
+    value = _parse_gpus(profile)
+    if value == "auto":
+        n = visible_cuda_count()
+        if n < 1:
+            raise ConfigError(f"cluster profile {profile.name}: gpus=auto but no CUDA device is visible; "
+                              f"use --cluster local (CPU) or cluster.gpus=N")
+        return n
+    n = int(value)
+    if n > 0:
+        seen = visible_cuda_count()
+        # With no GPU at all, N is taken as given: CPU-only runs (run.device=cpu) can still be
+        # pinned and packed, which is how the tests exercise the pool on a CPU machine.
+        if seen and n > seen:
+            raise ConfigError(f"cluster profile {profile.name}: gpus={n} but only {seen} CUDA device(s) are visible; "
+                              f"use cluster.gpus=auto or a smaller N")
+    return n
+
+
+def local_pool_size(profile: ClusterProfile, gpus: int | None = None) -> int:
+    """Workers of the local pool: ``gpus * workers_per_gpu`` on GPUs, else ``workers``."""
+    gpus = local_gpus(profile) if gpus is None else gpus
+    return gpus * max(1, profile.workers_per_gpu) if gpus > 0 else max(1, profile.workers)
+
+
+def describe_local(profile: ClusterProfile) -> str:
+    """One line for a local pool, e.g. ``local, 1 GPU x 4 runs at once, 2 thread(s) each``.
+
+    Never raises: a dry run of a GPU profile on a machine without GPUs still prints its plan.
+    """
+    t = max(1, profile.threads_per_worker)
+    if _parse_gpus(profile) == 0:
+        w = max(1, profile.workers)
+        return f"local, CPU, {w} run{'s' if w != 1 else ''} at once, {t} thread(s) each"
+    k = max(1, profile.workers_per_gpu)
+    per = f"{k} run{'s' if k != 1 else ''} at once"
+    try:
+        n = local_gpus(profile)
+    except ConfigError:
+        return f"local, gpus={profile.gpus} (none visible here) x {per}, {t} thread(s) each"
+    return f"local, {n} GPU{'s' if n != 1 else ''} x {per}, {t} thread(s) each"
 
 
 def resources_for(profile: ClusterProfile, n_params: float) -> Resources:
@@ -150,6 +241,14 @@ def resources_for(profile: ClusterProfile, n_params: float) -> Resources:
         )
     gpus = max(0, rule.gpus)
     nodes = max(1, rule.nodes)
+    if profile.kind == "local":
+        # A local run is one pool worker: one GPU when the pool has GPUs, else CPU, whatever the rule says.
+        if gpus > 1 or nodes > 1:
+            raise ConfigError(
+                f"cluster profile {profile.name}: rule max_params={rule.max_params:g} asks gpus={gpus}, nodes={nodes}; "
+                f"a local run is one process (one GPU or CPU); use a Slurm profile for multi-GPU runs"
+            )
+        gpus = 0 if _parse_gpus(profile) == 0 else 1
     if gpus and gpus % nodes:
         raise ConfigError(f"cluster profile {profile.name}: rule max_params={rule.max_params:g} has gpus={gpus} not divisible by nodes={nodes}")
     gpn = gpus // nodes if gpus else 0

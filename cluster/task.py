@@ -11,6 +11,10 @@ thread, between bytecodes, so the trainer runs in a worker thread: the handler a
 (``Trainer.request_stop()``: it finishes the current step, saves the checkpoint, marks the run
 ``preempted``), waits for that, and hands submitit a fresh ``RunTask`` to requeue.
 
+Local pools (``--cluster local``): :func:`_init_local_worker` sets up each pool process once (torch
+threads, and with GPUs its one GPU slot, taken from a queue the launcher filled -- see
+:func:`gpu_slots`); :func:`local_worker` then trains one run per call.
+
 Multi-GPU: with several tasks per job (one per GPU), ``submitit.helpers.TorchDistributedEnvironment``
 exports RANK / LOCAL_RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT, which the trainer reads for DDP.
 """
@@ -22,7 +26,7 @@ import socket
 import threading
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple, Optional
 
 import submitit
 
@@ -153,9 +157,61 @@ class RunTask(submitit.helpers.Checkpointable):
 
 # --------------------------------------------------------------------------- local pool workers
 
+#: environment of a pinned pool worker: its slot in the pool's GPU list and the physical GPU
+GPU_SLOT_ENV = "QUARTET_GPU_SLOT"
+GPU_ENV = "QUARTET_GPU"
 
-def _init_local_worker(threads: int) -> None:
-    """Pool initializer: a fixed number of torch threads per run, SIGINT handled by the parent."""
+
+class LocalResult(NamedTuple):
+    """What :func:`local_worker` returns: the first three fields are the old 3-tuple."""
+
+    run_dir: str
+    state: str  # completed | failed | preempted (or whatever state.json says)
+    error: Optional[str]  # one line, when failed
+    gpu: Optional[str] = None  # physical GPU (CUDA_VISIBLE_DEVICES entry) the run trained on; None on CPU
+
+
+def gpu_slots(gpus: int, per_gpu: int, visible: str | None = None) -> list[tuple[int, str]]:
+    """The pool's GPU slots as ``(index in the pool's GPU list, physical id)``, ``per_gpu`` per GPU.
+
+    Physical ids index into ``visible`` (the launcher's CUDA_VISIBLE_DEVICES, e.g. ``"2,3"``: slots of
+    GPU 0 and 1 become ``"2"`` and ``"3"``); without it they are ``0..gpus-1``. The order is round
+    robin over GPUs, so a pool smaller than the slot list (fewer runs than slots) still spreads out.
+    """
+    if visible is not None:
+        ids = [v.strip() for v in visible.split(",") if v.strip()]
+        if gpus > len(ids):
+            from quartet.errors import ConfigError
+
+            raise ConfigError(f"cluster.gpus={gpus} but CUDA_VISIBLE_DEVICES={visible!r} lists {len(ids)} device(s); "
+                              f"use a smaller cluster.gpus or widen CUDA_VISIBLE_DEVICES")
+    else:
+        ids = [str(i) for i in range(gpus)]
+    return [(g, ids[g]) for _ in range(max(1, per_gpu)) for g in range(gpus)]
+
+
+#: how long a starting pool process waits for its GPU slot (the queue is filled before the pool starts)
+SLOT_WAIT_S = 120.0
+
+
+def _init_local_worker(threads: int, slots=None) -> None:
+    """Pool initializer: its GPU slot (if any), a fixed number of torch threads, SIGINT to the parent.
+
+    ``slots`` is a multiprocessing queue of :func:`gpu_slots` entries holding exactly one per pool
+    process, so no GPU ever gets more than ``workers_per_gpu`` workers. The slot is taken and
+    CUDA_VISIBLE_DEVICES set before torch is imported here: CUDA reads the variable when it
+    initialises, so the trainer's ``cuda:0`` is this worker's GPU.
+    """
+    if slots is not None:
+        import queue
+
+        try:
+            slot, gpu = slots.get(timeout=SLOT_WAIT_S)
+        except queue.Empty:  # cannot happen with one slot per process; fail loudly rather than share a GPU
+            raise RuntimeError("local pool worker: no GPU slot left in the queue") from None
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)
+        os.environ[GPU_SLOT_ENV] = str(slot)
+        os.environ[GPU_ENV] = str(gpu)
     os.environ["OMP_NUM_THREADS"] = str(threads)
     os.environ["MKL_NUM_THREADS"] = str(threads)
     import torch
@@ -169,11 +225,18 @@ def _init_local_worker(threads: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def local_worker(run_dir: str, job_id: str) -> tuple[str, str, str | None]:
-    """Run one local job in a pool worker; returns (run_dir, end state, error line). Never raises.
+def _gpu_record(gpu: str) -> int | str:
+    """A physical GPU id as recorded in claim/state: an int when numeric, else the id (UUID, MIG)."""
+    return int(gpu) if gpu.isdigit() else gpu
+
+
+def local_worker(run_dir: str, job_id: str) -> LocalResult:
+    """Run one local job in a pool worker; returns a :class:`LocalResult`. Never raises.
 
     A ``.stop`` file in the run directory (written by the launcher on Ctrl-C) makes the trainer
-    stop at the next step boundary with a checkpoint.
+    stop at the next step boundary with a checkpoint. On a GPU pool the run's GPU is recorded in
+    its claim while it runs and in ``state.json`` (``gpu``, ``worker_pid``) once it ends: the
+    trainer rewrites state.json while it trains, so only the final write is merged into.
     """
     run_path = Path(run_dir)
     stop_file = run_path / ".stop"
@@ -194,19 +257,32 @@ def local_worker(run_dir: str, job_id: str) -> tuple[str, str, str | None]:
 
     sys.stdout.flush()
     sys.stderr.flush()
+    gpu = os.environ.get(GPU_ENV)
+    if gpu is not None and runstate.read_claim(run_path) is not None:  # never create a claim the launcher lacks
+        try:
+            runstate.update_claim(run_path, gpu=_gpu_record(gpu), worker_pid=os.getpid())
+        except OSError:
+            pass
     saved = os.dup(1), os.dup(2)
     log = open(run_path / "stdout.log", "a")
     os.dup2(log.fileno(), 1)
     os.dup2(log.fileno(), 2)
     try:
+        if gpu is not None:
+            print(f"quartet local pool: pid {os.getpid()} on GPU {gpu} (slot {os.environ.get(GPU_SLOT_ENV)})", flush=True)
         result = execute_run(run_path, job_id, on_trainer=watch)
         state = "completed" if (run_path / runstate.SUMMARY).exists() else str(result.get("state", "preempted"))
-        return run_dir, state, None
+        return LocalResult(run_dir, state, None, gpu)
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, traceback in error.txt
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        return run_dir, "failed", f"{type(exc).__name__}: {first}"
+        return LocalResult(run_dir, "failed", f"{type(exc).__name__}: {first}", gpu)
     finally:
         watcher_done.set()
+        if gpu is not None:
+            try:
+                runstate.write_state(run_path, gpu=_gpu_record(gpu), worker_pid=os.getpid())
+            except OSError:
+                pass
         sys.stdout.flush()
         sys.stderr.flush()
         os.dup2(saved[0], 1)
