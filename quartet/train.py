@@ -253,7 +253,9 @@ class Trainer:
 
             self.train_model = DDP(self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
         if bool(cfg.run.compile):
-            self.train_model = torch.compile(self.train_model)
+            # Quantized layers that draw per-call seeds run eagerly between the compiled regions
+            # (QuantLinear.forward is excluded from tracing); bf16 and the FP8 layer compile whole.
+            self.train_model = torch.compile(self.train_model, mode=str(cfg.run.compile_mode))
         if self.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
@@ -463,6 +465,20 @@ class Trainer:
         self.step += 1
         return loss_v, gn_v
 
+    def _data_identity(self) -> dict:
+        """What the run trained on, as the data manifest states it (corpus content hash, tokens)."""
+        man = self.data.manifest
+        ident = {"key": man.get("key"), "train_tokens": man.get("splits", {}).get("train", {}).get("tokens"),
+                 "tokenizer_sha256": man.get("tokenizer", {}).get("sha256")}
+        corpus = man.get("corpus")
+        if isinstance(corpus, dict):
+            ident.update(corpus_sha256=corpus.get("sha256"), corpus_files=corpus.get("files"),
+                         corpus_bytes=corpus.get("bytes"))
+        return ident
+
+    def _device_name(self) -> str:
+        return torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
+
     def _completed_summary(self) -> dict | None:
         path = self.dir / "summary.json"
         if path.is_file():
@@ -589,6 +605,9 @@ class Trainer:
             "val_loss": val_loss, "train_loss": loss_v, "wall_clock_s": elapsed,
             "tokens_per_s": (r.tokens / elapsed) if elapsed > 0 else None, "lr": r.lr, "batch_size": r.batch_size,
             "seq_len": r.seq_len, "data": str(cfg.data.name), "finished_at": _now(), "config_hash": self.config_hash,
+            "data_identity": self._data_identity(), "device_name": self._device_name(),
+            "world_size": self.dist.world_size, "compile": bool(cfg.run.compile),
+            "implementation": self.plan.implementation,
         }
         if self.is_main:
             with open(self.dir / "metrics.jsonl", "a") as fh:

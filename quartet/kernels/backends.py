@@ -107,7 +107,26 @@ def _make_classes():
             # values (float32) stay available for the layer's saved tensors and statistics
             return {"deq": True, "out_dtype": torch.float32, "fp8": "e4m3"}
 
+        def unsupported_reason(self, spec, device):
+            # The fp8 scheme (tensor-wise current scaling) runs as FP8QuantLinear on the tensor cores;
+            # its statistics steps quantize operand by operand through the oracle (below).
+            if spec.kind == "fp8":
+                if not self.supports_device(device):
+                    return f"backend {self.name!r} needs an FP8 GPU (sm_89/sm_90+) with triton (device {device})"
+                return None if spec.scaling == "tensor" else (
+                    f"backend {self.name!r} runs FP8 with tensor scaling only, not {spec.label()}")
+            return super().unsupported_reason(spec, device)
+
+        def quantize(self, x, spec, *, block=None, signs=None, seed=None, stats=False):
+            if spec.kind == "fp8":
+                from quartet.quant.backend import ReferenceBackend
+
+                return ReferenceBackend().quantize(x, spec, block=block, signs=signs, seed=seed, stats=stats)
+            return super().quantize(x, spec, block=block, signs=signs, seed=seed, stats=stats)
+
         def gemm(self, a, b):
+            if a.data is None or not hasattr(a.data, "fp8"):  # oracle-quantized FP8 values (statistics steps)
+                return a.values.float() @ b.values.float().t()
             return G.hopper_fp8_mm(a.data, b.data, out_dtype=torch.float32)
 
         def describe(self, device):

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import torch
 
+from quartet.kernels import fp8_linear
 from quartet.kernels import gemm as G
 from quartet.kernels.triton_quant import absmax_dual_fp8, masked_inverse_hadamard, mx_quantize, signs_to_bits
 from quartet.quant.hadamard import random_signs
@@ -247,6 +248,7 @@ class QuartetLinear(torch.nn.Linear):
         self.state.step = int(step)
         self.state.calls = int(first_call)
 
+    @torch.compiler.disable  # host-side call counter and seeds, as QuantLinear.forward
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         call = self.state.calls
         self.state.calls += 1
@@ -274,6 +276,7 @@ class FusedQuantLinear(QuantLinear):
         """Device counter of FP8 values the hopper fold could not represent exactly (None: none seen)."""
         return self.fused.flushed
 
+    @torch.compiler.disable  # host-side call counter and seeds, as QuantLinear.forward
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.stats_enabled:
             return super().forward(x)  # seam path: records statistics, same seeds
@@ -293,19 +296,39 @@ FUSED_SCHEMES = {"quartet": False, "quartet_sr": True}
 #: how the quant plan names each implementation
 IMPL_FUSED = "fused QuartetLinear (quartet.kernels.linear)"
 IMPL_SEAM = "QuantLinear, operand by operand (quartet.quant.linear)"
+MULTIPLE_FP8 = fp8_linear.MULTIPLE
+
+
+#: how the quant plan names the FP8 tensor-core layer of the fp8 scheme
+IMPL_FP8 = "FP8QuantLinear, E4M3/E5M2 tensor-wise on FP8 tensor cores (quartet.kernels.fp8_linear)"
 
 
 def fused_covers(scheme, backend_name: str) -> bool:
-    """Whether the fused layer implements ``scheme`` (a :class:`~quartet.quant.schemes.Scheme`) on ``backend_name``."""
+    """Whether a fused layer implements ``scheme`` (a :class:`~quartet.quant.schemes.Scheme`) on ``backend_name``:
+    the fused Quartet layer (``quartet``/``quartet_sr``, Hadamard block 32, any kernel engine) or the FP8
+    tensor-core layer (``fp8`` with tensor scaling, on ``hopper_fp8``; layer shapes are checked per layer)."""
+    if scheme.name == "fp8":
+        return backend_name == "hopper_fp8" and fp8_linear.covers(scheme, MULTIPLE_FP8, MULTIPLE_FP8)
     return (scheme.name in FUSED_SCHEMES and backend_name in ENGINES
             and all(g.block == 32 for g in (scheme.fwd, scheme.dx, scheme.dw)))
 
 
-def fused_quant_linear(weight: torch.nn.Parameter, scheme, backend, **kw) -> FusedQuantLinear | None:
-    """The :class:`FusedQuantLinear` for ``scheme`` on kernel ``backend`` (QuantLinear keywords), or None
-    when the fused layer does not cover the scheme / backend. Used by ``quartet.quant.apply_precision``."""
+def fused_implementation(scheme) -> str:
+    """The quant plan's name of the fused layer that runs ``scheme``."""
+    return IMPL_FP8 if scheme.name == "fp8" else IMPL_FUSED
+
+
+def fused_quant_linear(weight: torch.nn.Parameter, scheme, backend, **kw) -> QuantLinear | None:
+    """The fused layer for ``scheme`` on kernel ``backend`` (QuantLinear keywords) — :class:`FusedQuantLinear`
+    or :class:`~quartet.kernels.fp8_linear.FP8QuantLinear` — or None when no fused layer covers the scheme,
+    backend or this layer's shape. Used by ``quartet.quant.apply_precision``."""
     if not fused_covers(scheme, backend.name):
         return None
+    if scheme.name == "fp8":
+        out_features, in_features = weight.shape
+        if not fp8_linear.covers(scheme, in_features, out_features):
+            return None
+        return fp8_linear.FP8QuantLinear(weight, scheme, backend, **kw)
     return FusedQuantLinear(weight, scheme, backend, stochastic=FUSED_SCHEMES[scheme.name], **kw)
 
 

@@ -128,26 +128,30 @@ def apply_precision(model: nn.Module, precision_cfg, *, seed: int | None = None,
     # falls back to the seam path itself on steps that record statistics. Imported lazily: the kernel
     # package needs triton, and the reference backend must run without it.
     fused_factory = None
+    seam = "QuantLinear, operand by operand (quartet.quant.linear)"
+    fused_name = seam
     if backend.name != "reference":
-        from quartet.kernels.linear import IMPL_FUSED, fused_covers, fused_quant_linear
+        from quartet.kernels.linear import fused_covers, fused_implementation, fused_quant_linear
 
         if fused_covers(scheme, backend.name):
             fused_factory = fused_quant_linear
-    plan.implementation = IMPL_FUSED if fused_factory else "QuantLinear, operand by operand (quartet.quant.linear)"
+            fused_name = fused_implementation(scheme)
     for index, (name, mod) in enumerate(found):
         if getattr(mod, "bias", None) is not None:
             raise ConfigError(f"apply_precision: {name} has a bias; block linears must be bias-free")
         kw = dict(name=name, layer_index=index, seed=seed, stats_every=stats_every,
                   residual=bool(getattr(mod, "residual", False)))
         q = fused_factory(mod.weight, scheme, backend, **kw) if fused_factory else None
-        if q is None:
-            q = QuantLinear(mod.weight, scheme, backend, **kw)
+        impl = fused_name
+        if q is None:  # no fused layer for this scheme / backend / layer shape
+            q, impl = QuantLinear(mod.weight, scheme, backend, **kw), seam
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, attr, q)
         plan.modules[name] = {"layer_index": index, "shape": [q.out_features, q.in_features],
-                              "operands": operands, "backend": backend.name,
-                              "implementation": plan.implementation}
+                              "operands": operands, "backend": backend.name, "implementation": impl}
+    impls = sorted({m["implementation"] for m in plan.modules.values()})
+    plan.implementation = impls[0] if len(impls) == 1 else " + ".join(impls) if impls else seam
     plan.high_precision = weighted
     return plan
 

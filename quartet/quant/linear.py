@@ -124,6 +124,10 @@ class QuantLinear(nn.Linear):
         self._stats = {}
         return out
 
+    # Kept out of torch.compile graphs: every call advances a host-side micro-batch counter and derives
+    # Python-int seeds from it, which a traced graph would freeze (or recompile for on every call). With
+    # ``run.compile`` the rest of the model (norms, attention, activations, loss) is still compiled.
+    @torch.compiler.disable
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return _QuantLinearFn.apply(x, self.weight, self)
 
