@@ -70,8 +70,9 @@ def test_layer_matches_the_oracle_layer(T):
     for name, a, b in zip(("y", "dx", "dw"), ref, fast):
         assert a.shape == b.shape, name
         rel = float((a - b).detach().norm() / a.detach().norm())
-        # same FP8 operands on both sides; only the GEMM's accumulation order differs
-        assert rel < 1e-5, (name, rel)
+        # same FP8 operands on both sides; only the GEMM's accumulation differs (Hopper's FP8 tensor cores
+        # accumulate with fewer bits than float32: ~8e-5 measured on an H100; float32 on the CPU)
+        assert rel < (2e-4 if DEV == "cuda" else 1e-5), (name, rel)
 
 
 def test_fused_hook_installs_the_fp8_layer_only_where_it_applies():

@@ -1,0 +1,198 @@
+"""Training-step speed of the one-GPU ladder sizes, as ``quartet train`` runs them: eager vs compiled.
+
+For each model size and each (precision, mode) the script builds the real :class:`quartet.train.Trainer`
+(same config composition, data, ``apply_precision``, fused AdamW, bf16 autocast) and times its optimizer step
+``Trainer._step()`` — sampling, host-to-device copy, forward, backward, clipping, AdamW, LR schedule — which
+synchronises once per step (it reads the loss), so the wall time of a step is its real cost.
+
+Modes: ``eager``; ``compile`` (``run.compile=true``, torch.compile default mode; quantized layers with
+per-call seeds stay eager); ``graphs`` (``run.compile_mode=reduce-overhead``: compiled regions replayed as CUDA
+graphs). ``fp8@reference`` is the fp8 scheme as it ran before the FP8 tensor-core layer existed (float32
+fake quantization), i.e. the "before" of the fp8 rows.
+
+Fairness: one process per model size compiles all its configurations in parallel with the others (phase 1,
+CPU-bound), then the processes wait for each other and take turns on the GPU under a file lock (phase 2), so
+no timing shares the GPU or the launching CPU with a compilation. Each figure: warm-up steps, then at least
+20 timed steps and 2 s of work; median with the 10th/90th percentiles. Peak memory per configuration.
+
+    python3 benchmarks/ladder_speed.py --out benchmarks/results/ladder_speed.json
+    python3 benchmarks/ladder_speed.py --models llama_1m --configs bf16:eager,quartet:compile   # a subset
+
+Needs a CUDA GPU, the project's environment (Hydra) and prepared data (``quartet data prepare data=pycode``).
+"""
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_MODELS = "llama_1m,llama_3m,llama_10m,llama_20m"
+DEFAULT_CONFIGS = ("bf16:eager,bf16:compile,bf16:graphs,fp8@reference:eager,fp8:eager,fp8:compile,"
+                   "quartet:eager,quartet:compile")
+MODES = {"eager": ["run.compile=false"], "compile": ["run.compile=true"],
+         "graphs": ["run.compile=true", "run.compile_mode=reduce-overhead"]}
+
+
+def _overrides(model: str, config: str, data: str, out_dir: str, extra: list[str], device: str) -> list[str]:
+    prec_mode, _, mode = config.partition(":")
+    precision, _, backend = prec_mode.partition("@")
+    ov = [f"model={model}", f"precision={precision}", f"data={data}", "logging=quiet", f"run.device={device}",
+          "budget=tokens", "budget.tokens=100000000000", f"run.out_dir={out_dir}", *MODES[mode], *extra]
+    if backend:
+        ov.append(f"precision.backend={backend}")
+    return ov
+
+
+def _percentile(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, max(0, round(q * (len(xs) - 1))))]
+
+
+def child(args) -> int:
+    """Phase 1: build + compile every configuration of one model; barrier; phase 2: time each under the GPU lock."""
+    import torch
+
+    from quartet.config import compose, resolve
+    from quartet.train import Trainer
+
+    cuda = args.device == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+
+    out_dir = tempfile.mkdtemp(prefix="ladder_speed_")
+    results, trainers = [], {}
+    for config in args.configs.split(","):
+        row = {"model": args.model, "config": config}
+        try:
+            cfg = compose(_overrides(args.model, config, args.data, out_dir, args.override, args.device))
+            res = resolve(cfg)
+            t0 = time.perf_counter()
+            trainer = Trainer(cfg)
+            for _ in range(2):  # compiles (compile modes) and allocates
+                trainer._step()
+            sync()
+            row.update(n_params=res.n_params, tokens_per_step=res.tokens_per_step,
+                       implementation=trainer.plan.implementation, backend=trainer.plan.backend,
+                       build_and_compile_s=round(time.perf_counter() - t0, 2))
+            trainers[config] = trainer
+            if cuda:
+                torch.cuda.empty_cache()  # the next configuration compiles against a clean cache
+        except Exception as exc:  # noqa: BLE001 - one failing configuration must not hide the others
+            row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+        results.append(row)
+    Path(args.barrier, f"ready.{args.model}").touch()
+    while len(list(Path(args.barrier).glob("ready.*"))) < args.n_procs:
+        time.sleep(0.5)
+    with open(Path(args.barrier) / "gpu.lock", "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            for row in results:
+                trainer = trainers.get(row["config"])
+                if trainer is None:
+                    continue
+                try:
+                    for _ in range(3):
+                        trainer._step()
+                    sync()
+                    if cuda:
+                        torch.cuda.reset_peak_memory_stats()
+                    times: list[float] = []
+                    start = time.perf_counter()
+                    while len(times) < args.min_steps or time.perf_counter() - start < args.min_seconds:
+                        t = time.perf_counter()
+                        trainer._step()  # reads the loss: one host sync per step
+                        times.append(time.perf_counter() - t)
+                    med = statistics.median(times)
+                    row.update(steps_timed=len(times), step_ms_median=round(med * 1e3, 3),
+                               step_ms_p10=round(_percentile(times, 0.1) * 1e3, 3),
+                               step_ms_p90=round(_percentile(times, 0.9) * 1e3, 3),
+                               tokens_per_s=round(row["tokens_per_step"] / med),
+                               peak_mem_gib=round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None)
+                except Exception as exc:  # noqa: BLE001
+                    row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+                print(json.dumps(row), flush=True)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    Path(args.part).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+def _table(rows: list[dict]) -> str:
+    base = {(r["model"]): r.get("tokens_per_s") for r in rows if r["config"] == "bf16:eager"}
+    lines = [f"{'model':<11} {'config':<22} {'step ms (p10-p90)':<24} {'tokens/s':>11} {'vs bf16 eager':>13} "
+             f"{'mem GiB':>8}"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"{r['model']:<11} {r['config']:<22} error: {r['error'][:80]}")
+            continue
+        ratio = r["tokens_per_s"] / base[r["model"]] if base.get(r["model"]) else float("nan")
+        span = f"{r['step_ms_median']:.2f} ({r['step_ms_p10']:.2f}-{r['step_ms_p90']:.2f})"
+        lines.append(f"{r['model']:<11} {r['config']:<22} {span:<24} {r['tokens_per_s']:>11,} {ratio:>12.2f}x "
+                     f"{str(r['peak_mem_gib']):>8}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", default=DEFAULT_MODELS)
+    p.add_argument("--configs", default=DEFAULT_CONFIGS, help="precision[@backend]:mode,... (mode: eager|compile|graphs)")
+    p.add_argument("--data", default="pycode")
+    p.add_argument("--min-steps", type=int, default=20)
+    p.add_argument("--min-seconds", type=float, default=2.0)
+    p.add_argument("--out", default=None, help="JSON file for the results")
+    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: a smoke test of the script only")
+    p.add_argument("override", nargs="*", help="extra overrides for every run (e.g. optim.micro_batch_size=64)")
+    # child mode
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--model", help=argparse.SUPPRESS)
+    p.add_argument("--barrier", help=argparse.SUPPRESS)
+    p.add_argument("--n-procs", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--part", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        return child(args)
+
+    import torch
+
+    models = args.models.split(",")
+    barrier = tempfile.mkdtemp(prefix="ladder_speed_barrier_")
+    t0 = time.time()
+    procs = []
+    for m in models:
+        part = Path(barrier) / f"part.{m}.json"
+        cmd = [sys.executable, __file__, "--child", "--model", m, "--configs", args.configs, "--data", args.data,
+               "--barrier", barrier, "--n-procs", str(len(models)), "--part", str(part),
+               "--min-steps", str(args.min_steps), "--min-seconds", str(args.min_seconds), "--device", args.device,
+               *args.override]
+        procs.append((m, part, subprocess.Popen(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"})))
+    rows: list[dict] = []
+    for m, part, proc in procs:
+        code = proc.wait()
+        if part.is_file():
+            rows += json.loads(part.read_text())
+        else:
+            rows.append({"model": m, "config": "*", "error": f"benchmark process exited with {code}"})
+    table = _table(rows)
+    print(table)
+    result = {
+        "what": "one-GPU ladder: quartet train's optimizer step (Trainer._step), median of >= "
+                f"{args.min_steps} steps and >= {args.min_seconds} s per configuration, timed alone on the GPU",
+        "command": "python3 benchmarks/ladder_speed.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "device": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu", "torch": torch.__version__,
+        "wall_s": round(time.time() - t0, 1), "rows": rows, "table": table.splitlines(),
+    }
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

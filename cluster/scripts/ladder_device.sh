@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# The one-GPU ladder (sweeps/ladder_1gpu.yaml) on a bare GPU machine without network access: a node whose
+# python3 has torch + triton (+ numpy, rich, tqdm, tokenizers, PyYAML) but not the project's pure-Python
+# dependencies. Run from anywhere; it works in the checkout.
+#
+#   bash cluster/scripts/ladder_device.sh wheels      # HERE, with network: hydra-core/omegaconf/antlr4/submitit -> .whl/
+#   bash cluster/scripts/ladder_device.sh calibrate   # THERE: env, GPU tests, corpus, step-speed benchmark, a 2-run sweep
+#   bash cluster/scripts/ladder_device.sh ladder      # THERE: corpus + the whole sweep in the background; waits up to
+#                                                     # LADDER_WAIT s, collects; call again to keep waiting
+#
+# On a machine with the project installed (pip install -e .) none of this is needed: docs/ladder.md gives the
+# three plain commands. Results go to $OUT (default .cache/ladder_out): logs, benchmark JSON, and runs.tar.gz
+# with every run's small files (config, metrics, summary, logs; no checkpoints). On a fresh machine,
+# LADDER_RESTORE=<an earlier runs.tar.gz> puts the finished runs back first, so the sweep skips them.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+mode=${1:-ladder}
+OUT=${OUT:-$PWD/.cache/ladder_out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 WANDB_MODE=${WANDB_MODE:-disabled}
+export QUARTET_CACHE=${QUARTET_CACHE:-$PWD/.cache} TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-$PWD/.cache/inductor}
+RUNS=${RUNS:-$PWD/runs}
+
+if [ "$mode" = wheels ]; then
+  PY=${PY:-.venv/bin/python}
+  mkdir -p .whl
+  "$PY" -m pip download -q --no-deps -d .whl hydra-core==1.3.8 omegaconf==2.3.1 submitit==1.5.4
+  "$PY" -m pip wheel -q --no-deps -w .whl antlr4-python3-runtime==4.9.3
+  ls -la .whl
+  exit 0
+fi
+
+PY=${PY:-python3}
+if ! "$PY" -c "import hydra, omegaconf, submitit" 2>/dev/null; then
+  [ -d .whl ] || { echo "python3 lacks hydra/omegaconf/submitit and there is no .whl/ (run: $0 wheels)" >&2; exit 2; }
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/quartet_site .whl/*.whl || exit 2
+  export PYTHONPATH=/tmp/quartet_site
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+quartet() { "$PY" -m quartet.cli "$@"; }
+
+stamp() { echo "== $(date -u +%H:%M:%S) $*"; }
+collect() {
+  # every run's small files (no checkpoints, no wandb folders) in one archive
+  if [ -d "$RUNS" ]; then
+    (cd "$RUNS" && find . -path '*/ckpt' -prune -o -path '*/wandb' -prune -o -type f \
+        \( -name '*.json' -o -name '*.jsonl' -o -name '*.yaml' -o -name '*.log' -o -name 'error.txt' \) -print \
+      | tar czf "$OUT/runs.tar.gz" -T -)
+  fi
+  cp "$QUARTET_CACHE"/data/pycode-*/manifest.json "$OUT/pycode_manifest.json" 2>/dev/null || true
+}
+
+stamp "device"
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,power.limit,driver_version --format=csv,noheader
+"$PY" -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, torch.cuda.get_device_name(0))"
+nproc
+
+prepare_data() {
+  stamp "corpus: quartet data prepare data=pycode"
+  local t=$(date +%s)
+  "$PY" -m quartet.cli data prepare data=pycode 2>&1 | tee "$OUT/data_prepare.log"
+  stamp "corpus ready after $(( $(date +%s) - t )) s" | tee -a "$OUT/data_prepare.log"
+}
+
+if [ "$mode" = calibrate ]; then
+  # GPU tests in the background while the corpus is built (different resources: GPU vs CPU cores)
+  # (they are usually done before the benchmark's timing phase starts; gpu_tests.txt ends with when they ended)
+  ( "$PY" -m pytest -q -p no:cacheprovider tests/kernels tests/quant/test_gpu.py tests/quartet/test_compile.py \
+      -m "slow or not slow" > "$OUT/gpu_tests.txt" 2>&1; echo "exit $? at $(date -u +%H:%M:%S)" >> "$OUT/gpu_tests.txt" ) &
+  tests_pid=$!
+  prepare_data
+  stamp "step speed"
+  "$PY" benchmarks/ladder_speed.py --out "$OUT/ladder_speed.json" ${SPEED_ARGS:-} 2>&1 | tee "$OUT/ladder_speed.log" | grep -v '^{'
+  wait $tests_pid
+  stamp "GPU tests: $(tail -2 "$OUT/gpu_tests.txt" | tr '\n' ' ')"
+  stamp "a 2-run sweep through the GPU pool"
+  timeout -s INT -k 30 ${MINI_TIMEOUT:-150} "$PY" -m quartet.cli sweep ladder_1gpu --cluster local_gpu --runs-dir /tmp/mini_runs \
+    'sweep.axes.model=[llama_1m]' 'sweep.axes.budget=[dn5]' 'sweep.axes.precision=[bf16,quartet]' 'sweep.include=[]' \
+    2>&1 | tee "$OUT/mini_sweep.log"
+  RUNS=/tmp/mini_runs collect
+  stamp "done"
+  exit 0
+fi
+
+if [ "$mode" = ladder ]; then
+  # The sweep runs in its own session (setsid), so it outlives this command: a later `ladder` call on the same
+  # machine finds it running and only waits for it (LADDER_WAIT s per call), then collects what finished.
+  LOGS=$QUARTET_CACHE/ladder_logs; mkdir -p "$LOGS"
+  if [ -n "${LADDER_RESTORE:-}" ] && [ -f "$LADDER_RESTORE" ] && [ ! -d "$RUNS/ladder_1gpu" ]; then
+    stamp "restoring finished runs from $LADDER_RESTORE (a fresh machine: their summaries make the sweep skip them)"
+    mkdir -p "$RUNS" && tar xzf "$LADDER_RESTORE" -C "$RUNS"
+    find "$RUNS/ladder_1gpu" -name state.json -exec grep -l '"running"\|"pending"' {} + 2>/dev/null \
+      | while read -r f; do d=$(dirname "$f"); [ -f "$d/summary.json" ] || rm -f "$f"; done
+  fi
+  t0=$(date +%s)
+  if [ -f "$LOGS/sweep.pid" ] && kill -0 "$(cat "$LOGS/sweep.pid")" 2>/dev/null; then
+    stamp "the sweep is already running (pid $(cat "$LOGS/sweep.pid")); waiting for it"
+  else
+    prepare_data
+    stamp "sweep: quartet sweep ladder_1gpu --cluster local_gpu ${SWEEP_ARGS:-}"
+    date +%s > "$LOGS/sweep.start"
+    rm -f "$LOGS/sweep.pid"
+    # the session leader writes its own pid (setsid may fork), then becomes the launcher
+    setsid bash -c 'echo $$ > "$0"; exec "$@"' "$LOGS/sweep.pid" "$PY" -m quartet.cli sweep ladder_1gpu \
+      --cluster local_gpu --runs-dir "$RUNS" ${SWEEP_ARGS:-} > "$LOGS/sweep.log" 2>&1 < /dev/null &
+    for _ in $(seq 50); do [ -s "$LOGS/sweep.pid" ] && break; sleep 0.1; done
+  fi
+  pid=$(cat "$LOGS/sweep.pid")
+  while kill -0 "$pid" 2>/dev/null && [ $(( $(date +%s) - t0 )) -lt "${LADDER_WAIT:-540}" ]; do
+    sleep 15
+    n=$(find "$RUNS/ladder_1gpu" -name summary.json 2>/dev/null | wc -l)
+    [ $(( ($(date +%s) - t0) % 60 )) -lt 15 ] && stamp "$n runs finished, sweep running for $(( $(date +%s) - $(cat "$LOGS/sweep.start") )) s"
+  done
+  if kill -0 "$pid" 2>/dev/null; then
+    stamp "sweep still running after $(( $(date +%s) - $(cat "$LOGS/sweep.start") )) s (call ladder again to keep waiting)"
+  else
+    stamp "sweep finished after $(( $(date +%s) - $(cat "$LOGS/sweep.start") )) s"
+  fi
+  cp "$LOGS"/sweep.log "$OUT/" 2>/dev/null
+  grep -v "━" "$LOGS/sweep.log" | tail -15
+  quartet status ladder_1gpu --runs-dir "$RUNS" > "$OUT/status.txt" 2>&1
+  collect
+  stamp "done"
+  exit 0
+fi
+echo "unknown mode $mode (wheels | calibrate | ladder)" >&2
+exit 2
