@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 HUBER_DELTA = 1e-4
 #: Exponents outside this box mean the law degenerated (a flat direction or a sign flip).
 EXPONENT_BOX = (1e-3, 5.0)
+#: A fitted E below this fraction of the lowest observed loss counts as E at its bound 0 (not identified).
+E_FLOOR_FRACTION = 1e-3
 #: Bounds of the efficiencies (fitted as ln eff).
 EFF_BOUNDS = (1e-5, 4.0)
 #: Status values of every fit result.
@@ -269,14 +271,15 @@ def fit_base(n, d, loss, law: Law = BUSBRIDGE, *, delta: float = HUBER_DELTA, st
                        best_costs=tuple(sorted({round(c, 14) for c, _, _ in polished}))[:5], spread=spread,
                        n_polished=len(polished), seconds=time.perf_counter() - t0)
     first_pass_best = float(cost[order[0]])
-    status, message = _base_status(law, raw, best_res, log_obs.size, first_pass_best)
+    status, message = _base_status(law, raw, best_res, log_obs.size, first_pass_best, float(np.exp(log_obs.min())))
     return BaseFit(law=law.name, params=raw_to_params(raw), raw=tuple(float(x) for x in raw),
                    free=tuple(RAW_NAMES[i] for i in law.free), cost=best_cost, n_points=int(log_obs.size),
                    status=status, message=message, multistart=ms, run_ids=tuple(str(r) for r in run_ids),
                    basins=tuple([tuple(best_x.tolist())] + [tuple(b.tolist()) for b in basins]))
 
 
-def _base_status(law: Law, raw: np.ndarray, res, n_points: int, first_pass_cost: float) -> tuple[str, str]:
+def _base_status(law: Law, raw: np.ndarray, res, n_points: int, first_pass_cost: float,
+                 min_loss: float = float("inf")) -> tuple[str, str]:
     if not np.all(np.isfinite(raw)) or res.status < 0:
         return "failed", f"optimizer error: {res.message}"
     note, still_improving = "", False
@@ -296,6 +299,13 @@ def _base_status(law: Law, raw: np.ndarray, res, n_points: int, first_pass_cost:
         val = raw[RAW_NAMES.index(name)]
         if not lo <= val <= hi:
             return "hit_bound", f"{name} = {val:.4g} is outside the plausible range [{lo}, {hi}]{note}"
+    if "e" not in law.fixed:
+        # E is fitted as ln E, so "E = 0" is ln E running off to -inf: the irreducible loss sits on its
+        # lower bound and the data cannot tell it apart from zero (typical of too narrow an N/D range).
+        e_val = float(np.exp(raw[RAW_NAMES.index("e")]))
+        if e_val < E_FLOOR_FRACTION * min_loss:
+            return "hit_bound", (f"E = {e_val:.3g} is at its lower bound 0 (< {E_FLOOR_FRACTION:g} x the lowest loss "
+                                 f"{min_loss:.4g}): the data do not identify the irreducible loss{note}")
     if n_points < math.ceil(1.5 * law.n_free):
         return "too_few_points", (f"{n_points} points for {law.n_free} parameters "
                                   f"(< {math.ceil(1.5 * law.n_free)}); treat the values as indicative{note}")
@@ -388,6 +398,9 @@ def fit_efficiency(base: BaseFit | dict, n, d, loss, kind: str, *, scheme: str =
         status, msg = "too_few_points", f"{log_obs.size} point(s) for {k} parameter(s): exactly determined, no check"
     else:
         status, msg = "converged", "ok"
+    if isinstance(base, BaseFit) and base.status != "converged" and status == "converged":
+        # an efficiency is measured against the base law: it is no better than that law
+        status, msg = base.status, f"inherited from the base fit ({base.status}: {base.message})"
     return EffFit(scheme=scheme or f"{forward}:{backward}", forward=forward, backward=backward, kind=kind,
                   eff_n=eff_n, eff_d=eff_d, cost=float(best.cost), n_points=int(log_obs.size), status=status,
                   message=msg, run_ids=tuple(str(r) for r in run_ids))

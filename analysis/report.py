@@ -273,7 +273,8 @@ def fit_all(df: pd.DataFrame, law: str = "busbridge", *, bootstrap: int = 0, see
     if not at_ratio:
         med = float(np.median(base_df["tokens"] / base_df["n_params"]))
         at_ratio = float(f"{med:.2g}")
-    heads = tuple(headline(e.scheme, base.params, e.eff_n, e.eff_d, ref_n, at_ratio)
+    heads = tuple(headline(e.scheme, base.params, e.eff_n, e.eff_d, ref_n, at_ratio,
+                           caveat=None if e.status == "converged" else f"{e.status}: {e.message}")
                   for e in effs if np.isfinite(e.eff_n) and np.isfinite(e.eff_d))
     provenance = {
         "input": prov_in or {"kind": "dataframe", "run_ids": sorted(df["run_id"].astype(str))},
