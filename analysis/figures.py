@@ -242,3 +242,87 @@ def make_all(report: FitReport, df: pd.DataFrame, out_dir: str | Path) -> list[P
     paths += plot_breakeven(report, out_dir)
     paths += plot_optimal_precision(report, out_dir)
     return paths
+
+
+# ---------------------------------------------------------------- seed-replicated ladders (analysis.ladder)
+PRECISION_COLORS = {"bf16": "#1f77b4", "fp8": "#2ca02c", "quartet": "#d62728", "quartet_sr": "#ff7f0e"}
+
+
+def _precision_color(prec: str, i: int) -> str:
+    return PRECISION_COLORS.get(prec, plt.get_cmap("tab10")(i % 10))
+
+
+def plot_ladder_losses(table: pd.DataFrame, out_dir: Path) -> list[Path]:
+    """Final validation loss vs tokens, one panel per model size, one colour per precision; where a cell was
+    run with several seeds the marker is their mean and the bar their full range (min to max)."""
+    sizes = sorted(table["n_params"].unique())
+    fig, axes = plt.subplots(1, len(sizes), figsize=(4.3 * len(sizes), 3.7), squeeze=False)
+    precs = sorted(table["precision"].unique(), key=lambda p: (p != "bf16", p))
+    for ax, n in zip(axes.ravel(), sizes):
+        rows = table[table["n_params"] == n]
+        for i, prec in enumerate(precs):
+            g = rows[rows["precision"] == prec].groupby("tokens")["loss"].agg(["mean", "min", "max"]).reset_index()
+            shift = 1.0 + 0.03 * (i - (len(precs) - 1) / 2)  # side by side, same budget
+            ax.errorbar(g["tokens"] * shift, g["mean"], yerr=[g["mean"] - g["min"], g["max"] - g["mean"]],
+                        color=_precision_color(prec, i), marker="o", ms=4, lw=1.2, capsize=2, label=prec)
+        ax.set_xscale("log")
+        ax.set_xlabel("tokens D")
+        ax.set_ylabel("final validation loss")
+        model = rows["model"].iloc[0] if "model" in rows.columns else ""
+        ax.set_title(f"{model} (N = {_fmt_n(n)})", fontsize=9)
+        ax.legend(fontsize=7)
+    fig.suptitle("ladder losses: mean over seeds, bars = seed range", fontsize=10)
+    return _save(fig, out_dir, "ladder_losses")
+
+
+def plot_ladder_gaps(gaps: pd.DataFrame, out_dir: Path) -> list[Path]:
+    """Each precision's gap to the baseline per cell (loss difference, nats) with the ±1 sd paired-gap seed
+    noise it is judged against as a grey band; cells ordered by N, then D."""
+    precs = sorted(gaps["precision"].unique())
+    cells = gaps[["model", "n_params", "tokens_per_param"]].drop_duplicates().sort_values(["n_params", "tokens_per_param"])
+    labels = [f"{m.replace('llama_', '')}\nD/N {r:.3g}" for m, r in zip(cells["model"], cells["tokens_per_param"])]
+    x = np.arange(len(cells))
+    width = 0.8 / max(1, len(precs))
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.75 * len(cells) + 2), 3.8))
+    for i, prec in enumerate(precs):
+        g = cells.merge(gaps[gaps["precision"] == prec], on=["model", "n_params", "tokens_per_param"], how="left")
+        pos = x + (i - (len(precs) - 1) / 2) * width
+        ax.bar(pos, g["gap"], width * 0.9, color=_precision_color(prec, i), label=f"{prec} − base")
+        for p, sd in zip(pos, g["noise_sd"]):
+            ax.fill_between([p - width / 2, p + width / 2], -sd, sd, color="0.5", alpha=0.25, lw=0)
+    ax.axhline(0, color="k", lw=0.8)
+    ax.set_xticks(x, labels, fontsize=7)
+    ax.set_ylabel("loss gap to baseline (nats)")
+    ax.set_title("gap per cell (bars) vs ±1 sd paired-gap seed noise of that size (grey)", fontsize=9)
+    ax.legend(fontsize=8)
+    return _save(fig, out_dir, "ladder_gaps")
+
+
+def plot_training_curves(runs: pd.DataFrame, out_dir: Path) -> list[Path]:
+    """Training loss vs tokens per precision at each size's largest budget (lowest seed), one panel per size;
+    runs need the ``path`` of their folder (``analysis.load.load_runs_dir``)."""
+    from analysis.load import load_curve
+
+    sizes = sorted(runs["n_params"].unique())
+    fig, axes = plt.subplots(1, len(sizes), figsize=(4.3 * len(sizes), 3.7), squeeze=False)
+    precs = sorted(runs["precision"].unique(), key=lambda p: (p != "bf16", p))
+    for ax, n in zip(axes.ravel(), sizes):
+        rows = runs[runs["n_params"] == n]
+        top = rows[(rows["tokens"] == rows["tokens"].max()) & (rows["seed"] == rows["seed"].min())]
+        for i, prec in enumerate(precs):
+            sel = top[top["precision"] == prec]
+            if sel.empty:
+                continue
+            curve = load_curve(sel.iloc[0])
+            curve = curve[curve["loss"].notna()] if "loss" in curve.columns else curve.iloc[0:0]
+            ax.plot(curve["tokens"], curve["loss"], color=_precision_color(prec, i), lw=1.0, label=prec)
+            ax.scatter([sel.iloc[0]["tokens"]], [sel.iloc[0]["loss"]], color=_precision_color(prec, i), s=18,
+                       zorder=3, marker="D")
+        ax.set_xscale("log")
+        ax.set_xlim(left=float(top["tokens"].max()) / 200)  # the first updates' losses are off the chart anyway
+        ax.set_ylim(top=min(ax.get_ylim()[1], float(rows["loss"].max()) * 1.6))
+        ax.set_xlabel("tokens")
+        ax.set_ylabel("training loss (line), final val loss (◆)")
+        ax.set_title(f"{rows['model'].iloc[0]} (N = {_fmt_n(n)}), D/N {top['tokens'].max() / n:.0f}", fontsize=9)
+        ax.legend(fontsize=7)
+    return _save(fig, out_dir, "ladder_curves")
