@@ -87,7 +87,7 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype | N
     if out_dtype is None:
         out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
     out_features, in_features = weight.shape
-    if in_features % MULTIPLE or out_features % MULTIPLE:
+    if not covers_shape(in_features, out_features):
         raise ValueError(f"fp8_linear needs in/out features that are multiples of {MULTIPLE}, got "
                          f"{in_features}x{out_features}")
     shape = x.shape
@@ -102,10 +102,15 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype | N
     return y.reshape(*shape[:-1], out_features)
 
 
-def covers(scheme, in_features: int, out_features: int) -> bool:
-    """Whether :class:`FP8QuantLinear` implements ``scheme`` for a layer of this shape: the ``fp8`` scheme with
-    tensor-wise scaling (E4M3 forward, E5M2 gradients) and features that are multiples of 16."""
-    if scheme.name != "fp8" or in_features % MULTIPLE or out_features % MULTIPLE:
+def covers_shape(in_features: int, out_features: int) -> bool:
+    """Whether a layer of this shape can run on ``torch._scaled_mm`` (features multiples of 16)."""
+    return in_features % MULTIPLE == 0 and out_features % MULTIPLE == 0
+
+
+def covers(scheme) -> bool:
+    """Whether :class:`FP8QuantLinear` implements ``scheme``: the ``fp8`` scheme with tensor-wise scaling
+    (E4M3 forward, E5M2 gradients). Layer shapes are checked apart (:func:`covers_shape`)."""
+    if scheme.name != "fp8":
         return False
     specs = (scheme.fwd.a, scheme.fwd.b, scheme.dx.a, scheme.dx.b, scheme.dw.a, scheme.dw.b)
     want = ("e4m3", "e4m3", "e5m2", "e4m3", "e5m2", "e4m3")

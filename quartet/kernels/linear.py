@@ -296,7 +296,6 @@ FUSED_SCHEMES = {"quartet": False, "quartet_sr": True}
 #: how the quant plan names each implementation
 IMPL_FUSED = "fused QuartetLinear (quartet.kernels.linear)"
 IMPL_SEAM = "QuantLinear, operand by operand (quartet.quant.linear)"
-MULTIPLE_FP8 = fp8_linear.MULTIPLE
 
 
 #: how the quant plan names the FP8 tensor-core layer of the fp8 scheme
@@ -308,7 +307,7 @@ def fused_covers(scheme, backend_name: str) -> bool:
     the fused Quartet layer (``quartet``/``quartet_sr``, Hadamard block 32, any kernel engine) or the FP8
     tensor-core layer (``fp8`` with tensor scaling, on ``hopper_fp8``; layer shapes are checked per layer)."""
     if scheme.name == "fp8":
-        return backend_name == "hopper_fp8" and fp8_linear.covers(scheme, MULTIPLE_FP8, MULTIPLE_FP8)
+        return backend_name == "hopper_fp8" and fp8_linear.covers(scheme)
     return (scheme.name in FUSED_SCHEMES and backend_name in ENGINES
             and all(g.block == 32 for g in (scheme.fwd, scheme.dx, scheme.dw)))
 
@@ -325,8 +324,7 @@ def fused_quant_linear(weight: torch.nn.Parameter, scheme, backend, **kw) -> Qua
     if not fused_covers(scheme, backend.name):
         return None
     if scheme.name == "fp8":
-        out_features, in_features = weight.shape
-        if not fp8_linear.covers(scheme, in_features, out_features):
+        if not fp8_linear.covers_shape(weight.shape[1], weight.shape[0]):
             return None
         return fp8_linear.FP8QuantLinear(weight, scheme, backend, **kw)
     return FusedQuantLinear(weight, scheme, backend, stochastic=FUSED_SCHEMES[scheme.name], **kw)
