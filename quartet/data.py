@@ -45,10 +45,11 @@ from quartet.paths import cache_dir
 
 FORMAT_VERSION = 1
 BOS = "<|endoftext|>"
+#: the data identity keys of format 1 (always part of the cache key and of the run hash)
+FORMAT1_IDENTITY_KEYS = ("source", "paths", "hf_path", "hf_name", "hf_split", "hf_text_field", "tokenizer",
+                         "tokenizer_name", "vocab_size", "val_fraction", "max_documents", "max_chars", "split_seed")
 #: data config keys that change the token stream (the cache key and part of the run hash)
-IDENTITY_KEYS = ("source", "paths", "hf_path", "hf_name", "hf_split", "hf_text_field", "tokenizer",
-                 "tokenizer_name", "vocab_size", "val_fraction", "max_documents", "max_chars", "split_seed",
-                 "extensions", "max_file_bytes", "tokenizer_train_chars")
+IDENTITY_KEYS = FORMAT1_IDENTITY_KEYS + ("extensions", "max_file_bytes", "tokenizer_train_chars")
 #: identity keys added after format 1 shipped: they enter data_key only where they take effect, so the
 #: keys (and folders) of data prepared before they existed stay valid
 _CODE_ONLY_KEYS = ("extensions", "max_file_bytes")

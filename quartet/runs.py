@@ -8,33 +8,36 @@ relaunching the same experiment anywhere finds the same directory.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from quartet.data import FORMAT1_IDENTITY_KEYS, IDENTITY_KEYS
 from quartet.paths import runs_root
 
-#: keys of cfg.data that change the token stream (everything else is a location / check policy)
-_DATA_IDENTITY = ("source", "paths", "hf_path", "hf_name", "hf_split", "hf_text_field", "tokenizer",
-                  "tokenizer_name", "vocab_size", "val_fraction", "max_documents", "max_chars", "split_seed")
 #: precision keys that select an implementation or a logging schedule, not the maths
 _PRECISION_NON_SEMANTIC = ("backend", "stats_every")
 
 
-def _newer_data_identity(data: dict) -> dict:
-    """Data keys that change the token stream but are newer than the run-id scheme (``quartet.data.IDENTITY_KEYS``
-    beyond ``_DATA_IDENTITY``): part of the identity only when set away from their default, so the ids of runs
-    made before a key existed do not change (their config means the default)."""
+@functools.cache
+def _data_defaults() -> dict:
     from dataclasses import fields
 
     from quartet.config import DataConfig
-    from quartet.data import IDENTITY_KEYS
 
-    defaults = {f.name: (f.default_factory() if callable(f.default_factory) else f.default) for f in fields(DataConfig)}
+    return {f.name: (f.default_factory() if callable(f.default_factory) else f.default) for f in fields(DataConfig)}
+
+
+def _newer_data_identity(data: dict) -> dict:
+    """Data keys that change the token stream but are newer than the run-id scheme (``IDENTITY_KEYS`` beyond
+    format 1): part of the identity only when set away from their default, so the ids of runs made before a
+    key existed do not change (their config means the default)."""
+    defaults = _data_defaults()
     return {k: data.get(k) for k in IDENTITY_KEYS
-            if k not in _DATA_IDENTITY and k in data and data.get(k) != defaults.get(k)}
+            if k not in FORMAT1_IDENTITY_KEYS and k in data and data.get(k) != defaults.get(k)}
 
 
 def semantic_config(cfg: DictConfig) -> dict:
@@ -47,7 +50,7 @@ def semantic_config(cfg: DictConfig) -> dict:
     precision = {k: v for k, v in c["precision"].items() if k not in _PRECISION_NON_SEMANTIC}
     optim = {k: v for k, v in c["optim"].items() if k not in ("name", "lr", "batch_size", "micro_batch_size")}
     optim.update(lr=res.lr, batch_size=res.batch_size)
-    data = {k: c["data"].get(k) for k in _DATA_IDENTITY}
+    data = {k: c["data"].get(k) for k in FORMAT1_IDENTITY_KEYS}
     data.update(_newer_data_identity(c["data"]))
     return {"model": model, "budget_tokens": res.budget_tokens, "steps": res.steps, "precision": precision,
             "data": data, "optim": optim, "seed": c["run"]["seed"], "data_seed": c["run"]["data_seed"]}
