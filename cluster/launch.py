@@ -192,20 +192,21 @@ def _error_line(exc: BaseException) -> str:
     return first if isinstance(exc, QuartetError) and first else f"{type(exc).__name__}: {first}".rstrip(": ")
 
 
-def local_pool(profile: ClusterProfile, n_runs: int):
+def local_pool(profile: ClusterProfile, n_runs: int, gpus: int | None = None):
     """The process pool of a local launch for ``n_runs`` runs (a ProcessPoolExecutor, spawn context).
 
     ``gpus`` = 0: ``workers`` processes. ``gpus`` > 0: ``gpus * workers_per_gpu`` processes, each
     taking one GPU slot from a queue in its initializer (:func:`cluster.task._init_local_worker`).
     The queue holds exactly ``workers_per_gpu`` slots per GPU and a process takes one for its whole
     life, so no GPU ever has more than ``workers_per_gpu`` runs at once. Never more processes than runs.
+    ``gpus``: the pool's GPU count when the caller resolved it already (else ``local_gpus(profile)``).
     """
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
 
     from cluster.task import _init_local_worker, gpu_slots
 
-    gpus = local_gpus(profile)
+    gpus = local_gpus(profile) if gpus is None else gpus
     size = min(local_pool_size(profile, gpus), max(1, n_runs))
     threads = max(1, profile.threads_per_worker)
     # Children start with this many BLAS/OpenMP threads (set before spawn so the import sees it).
@@ -245,7 +246,7 @@ def run_local(plan: Plan, runs: list[PlannedRun], console=None) -> tuple[int, in
                   console=console, transient=False) as progress:
         overall = progress.add_task(f"sweep {plan.spec.name} ({len(runs)} runs, {size} workers{where})", total=len(runs))
         bars: dict[str, int] = {}
-        with local_pool(prof, len(runs)) as pool:
+        with local_pool(prof, len(runs), gpus) as pool:
             futures = {pool.submit(local_worker, str(r.run_dir), job_id): r for r in runs}
             pending = set(futures)
             try:

@@ -16,27 +16,9 @@ from cluster.status import cli_main as status_main
 
 REPO = Path(__file__).resolve().parents[2]
 
-# 2 budgets x 2 precisions of the nano model: ~10-20 s on 2 cores
-TEST_SWEEP = """
-name: tsmoke
-cluster: local
-axes:
-  budget.tokens: [2048, 4096]
-  precision: [bf16, fp8]
-fixed:
-  model: llama_nano
-  budget: tokens
-  data: shakespeare_small
-  logging: quiet
-  run.device: cpu
-"""
-
-
 @pytest.fixture()
-def sweep_file(tmp_path: Path) -> str:
-    path = tmp_path / "tsmoke.yaml"
-    path.write_text(TEST_SWEEP)
-    return str(path)
+def sweep_file(tiny_sweep) -> str:
+    return tiny_sweep("tsmoke")
 
 
 def summaries(group: Path) -> dict[str, dict]:

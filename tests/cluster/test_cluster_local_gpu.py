@@ -35,26 +35,11 @@ resources:
   - {max_params: .inf, gpus: 1, nodes: 1, cpus_per_task: 1, mem_gb: 2, time_min: 10}
 """
 
-SWEEP = """
-name: tgpu
-cluster: local
-axes:
-  budget.tokens: [2048, 4096]
-  precision: [bf16, fp8]
-fixed:
-  model: llama_nano
-  budget: tokens
-  data: shakespeare_small
-  logging: quiet
-  run.device: cpu
-"""
-
 
 @pytest.fixture()
-def files(tmp_path: Path) -> tuple[str, str]:
+def files(tmp_path: Path, tiny_sweep) -> tuple[str, str]:
     (tmp_path / "pool2x2.yaml").write_text(PROFILE)
-    (tmp_path / "tgpu.yaml").write_text(SWEEP)
-    return str(tmp_path / "pool2x2.yaml"), str(tmp_path / "tgpu.yaml")
+    return str(tmp_path / "pool2x2.yaml"), tiny_sweep("tgpu")
 
 
 def fake_gpus(monkeypatch, n: int) -> None:
