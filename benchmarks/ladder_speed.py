@@ -5,9 +5,10 @@ For each model size and each (precision, mode) the script builds the real :class
 ``Trainer._step()`` — sampling, host-to-device copy, forward, backward, clipping, AdamW, LR schedule — which
 synchronises once per step (it reads the loss), so the wall time of a step is its real cost.
 
-Modes: ``eager``; ``compile`` (``run.compile=true``, torch.compile default mode; quantized layers with
-per-call seeds stay eager); ``graphs`` (``run.compile_mode=reduce-overhead``: compiled regions replayed as CUDA
-graphs). ``fp8@reference`` is the fp8 scheme as it ran before the FP8 tensor-core layer existed (float32
+Modes: ``eager``; ``compile`` (``run.compile=true``, torch.compile default mode; the fused Quartet layer traced
+as registered operators); ``graphs`` (``run.compile_mode=reduce-overhead``: the compiled step replayed as CUDA
+graphs); ``compile_untraced`` (compiled with the fused Quartet layer left eager between compiled regions,
+``run.compile_fused=false``: how quartet ran compiled before the layer was traceable). ``fp8@reference`` is the fp8 scheme as it ran before the FP8 tensor-core layer existed (float32
 fake quantization), i.e. the "before" of the fp8 rows.
 
 Fairness: one process per model size compiles all its configurations in parallel with the others (phase 1,
@@ -38,7 +39,10 @@ DEFAULT_MODELS = "llama_1m,llama_3m,llama_10m,llama_20m"
 DEFAULT_CONFIGS = ("bf16:eager,bf16:compile,bf16:graphs,fp8@reference:eager,fp8:eager,fp8:compile,"
                    "quartet:eager,quartet:compile")
 MODES = {"eager": ["run.compile=false"], "compile": ["run.compile=true"],
-         "graphs": ["run.compile=true", "run.compile_mode=reduce-overhead"]}
+         "graphs": ["run.compile=true", "run.compile_mode=reduce-overhead"],
+         # compiled, but the fused Quartet layer eager between the compiled regions (how run.compile ran it before
+         # the layer became traceable): the "before" of the quartet rows
+         "compile_untraced": ["run.compile=true", "run.compile_fused=false"]}
 
 
 def _overrides(model: str, config: str, data: str, out_dir: str, extra: list[str], device: str) -> list[str]:
@@ -80,6 +84,7 @@ def child(args) -> int:
             sync()
             row.update(n_params=res.n_params, tokens_per_step=res.tokens_per_step,
                        implementation=trainer.plan.implementation, backend=trainer.plan.backend,
+                       traceable=trainer.plan.traceable,
                        build_and_compile_s=round(time.perf_counter() - t0, 2))
             trainers[config] = trainer
             if cuda:

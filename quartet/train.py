@@ -237,7 +237,9 @@ class Trainer:
         from quartet import quant
 
         self.quant = quant
-        self.plan = quant.apply_precision(self.model, cfg.precision, seed=int(cfg.run.seed), device=self.device)
+        # a compiled run traces the fused Quartet layers too (random draws fed from the device per micro-batch)
+        self.plan = quant.apply_precision(self.model, cfg.precision, seed=int(cfg.run.seed), device=self.device,
+                                          traceable=bool(cfg.run.compile) and bool(cfg.run.get("compile_fused", True)))
         o = cfg.optim
         fused = {"fused": True} if self.device.type == "cuda" else {}
         self.optimizer = torch.optim.AdamW(param_groups(self.model, decay_ids, float(o.weight_decay)), lr=self.res.lr,
@@ -251,10 +253,13 @@ class Trainer:
         if self.dist.enabled:
             from torch.nn.parallel import DistributedDataParallel as DDP
 
-            self.train_model = DDP(self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+            # No buffer broadcast: the model's buffers are deterministic, and the fused layers' draw buffers
+            # differ per rank on purpose (each rank's micro-batches have their own global numbers).
+            self.train_model = DDP(self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                                   broadcast_buffers=False)
         if bool(cfg.run.compile):
-            # Quantized layers that draw per-call seeds run eagerly between the compiled regions
-            # (QuantLinear.forward is excluded from tracing); bf16 and the FP8 layer compile whole.
+            # bf16, the FP8 layer and the fused Quartet layer (as registered operators) compile whole; the
+            # operand-by-operand QuantLinear of other schemes runs eagerly between compiled regions.
             self.train_model = torch.compile(self.train_model, mode=str(cfg.run.compile_mode))
         if self.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = True
@@ -401,7 +406,8 @@ class Trainer:
                 handles.append(mod.register_forward_hook(fwd_hook(name)))
                 handles.append(mod.register_full_backward_hook(bwd_hook(name)))
         try:
-            for x, y in batches:
+            for i, (x, y) in enumerate(batches):
+                self.quant.begin_micro_batch(model, i)  # the same draws as the failed step
                 self.optimizer.zero_grad(set_to_none=True)
                 with self._autocast():
                     loss = model(x, y)
@@ -447,6 +453,7 @@ class Trainer:
         for i, (x, y) in enumerate(batches):
             sync = (i == len(batches) - 1) or not self.dist.enabled
             ctx = contextlib.nullcontext() if sync else self.train_model.no_sync()
+            self.quant.begin_micro_batch(self.model, i)
             with ctx:
                 with self._autocast():
                     loss = self.train_model(x, y)
@@ -607,7 +614,8 @@ class Trainer:
             "seq_len": r.seq_len, "data": str(cfg.data.name), "finished_at": _now(), "config_hash": self.config_hash,
             "data_identity": self._data_identity(), "device_name": self._device_name(),
             "world_size": self.dist.world_size, "compile": bool(cfg.run.compile),
-            "implementation": self.plan.implementation,
+            "compile_mode": str(cfg.run.compile_mode) if bool(cfg.run.compile) else None,
+            "implementation": self.plan.implementation, "traceable": self.plan.traceable,
         }
         if self.is_main:
             with open(self.dir / "metrics.jsonl", "a") as fh:

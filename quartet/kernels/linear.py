@@ -26,8 +26,7 @@ import torch
 from quartet.kernels import fp8_linear
 from quartet.kernels import gemm as G
 from quartet.kernels.triton_quant import absmax_dual_fp8, masked_inverse_hadamard, mx_quantize, signs_to_bits
-from quartet.quant.hadamard import random_signs
-from quartet.quant.linear import _GEMM_SLOT, _SLOT, QuantLinear, mix_seed
+from quartet.quant.linear import OPERANDS, QuantLinear, backward_draws, hadamard_signs, operand_seed
 
 ENGINES = ("hopper_fp8", "blackwell_mxfp4", "triton")
 #: how the FP8 fold picks each row's exponent ("exact" extra kernel pass, one-pass "bound", or "fused":
@@ -76,14 +75,13 @@ class _Ctx:
         """SR seed of one backward operand (``dx_e``, ``dx_w``, ``dw_e``, ``dw_x``) of micro-batch ``call``."""
         if self.graph_safe:
             return torch.randint(0, 2**31 - 1, (1,), device=device, dtype=torch.int64)
-        return mix_seed(self.seed, self.step, self.layer_index, call, _SLOT[slot]) & 0x7FFF_FFFF
+        return operand_seed(self.seed, self.step, self.layer_index, call, slot) & 0x7FFF_FFFF
 
     def signs(self, call: int, gemm: str, device) -> torch.Tensor:
         """Random Hadamard signs of backward GEMM ``gemm`` (``dx`` / ``dw``) of micro-batch ``call``."""
         if self.graph_safe:
             return torch.randint(0, 2, (32,), device=device).float() * 2 - 1
-        g = torch.Generator().manual_seed(mix_seed(self.seed, self.step, self.layer_index, call, _GEMM_SLOT[gemm]))
-        return random_signs(32, g, device)
+        return hadamard_signs(self.seed, self.step, self.layer_index, call, gemm, 32, device)
 
     def sign_arg(self, call: int, gemm: str, device):
         """The signs as the quantizer takes them: a 32-bit mask passed by value (no host-to-device copy,
@@ -118,10 +116,14 @@ def _q(x, ctx: _Ctx, **kw):
     return mx_quantize(x, **kw)
 
 
+def _blocks_for(engine: str, in_features: int, out_features: int) -> bool:
+    """Whether ``engine`` runs block-scaled FP8 operands for a layer of this shape."""
+    return engine == "hopper_fp8" and FP8_SCALING == "block" and in_features % 128 == 0 and out_features % 128 == 0
+
+
 def _use_blocks(state: _Ctx, in_features: int, out_features: int) -> bool:
     """Whether the hopper engine runs block-scaled FP8 operands for a layer of this shape."""
-    return (state.engine == "hopper_fp8" and FP8_SCALING == "block"
-            and in_features % 128 == 0 and out_features % 128 == 0)
+    return _blocks_for(state.engine, in_features, out_features)
 
 
 def _mm(ctx: _Ctx, a, b):
@@ -132,30 +134,78 @@ def _mm(ctx: _Ctx, a, b):
     return G.bf16_mm(a, b)
 
 
+def _forward_gemm(x2d: torch.Tensor, weight: torch.Tensor, state: _Ctx, blocks: bool):
+    """Forward of the layer on a 2-D ``x2d`` (tokens padded): ``y`` and the six tensors the backward needs
+    (``X̂``, its scales, its QuEST mask, ``Ŵ``, its scales, its mask; a scale is None on engines that keep
+    dequantized bf16 values)."""
+    x2d = x2d.to(torch.bfloat16)
+    w = weight.to(torch.bfloat16)
+    # forward operands: QuEST with the fixed Hadamard. The backward requantizes X̂ and Ŵ: on the
+    # hopper engine they are kept as the FP8 tensors + power-of-two row scales the forward GEMM
+    # already used (1 byte/element, no bf16 copy); elsewhere as exact bf16 values.
+    fp8 = state.engine == "hopper_fp8"
+    # block-scaled FP8: X (the GEMM's left operand) per 1×128, W (right) per 128×128 block
+    bx, bw = ({"fp8_block": LEFT_BLOCK}, {"fp8_block": RIGHT_BLOCK}) if blocks else ({}, {})
+    qx = _q(x2d, state, rule="quest", mask=True, deq=not fp8, **bx)
+    qw = _q(w, state, rule="quest", mask=True, deq=not fp8, **bw)
+    state.add_flushed(qx, qw)
+    y = _mm(state, qx, qw)
+    if blocks:
+        saved = (qx.fp8, qx.block_scale, qx.mask, qw.fp8, qw.block_scale, qw.mask)
+    elif fp8:
+        saved = (qx.fp8, qx.row_scale, qx.mask, qw.fp8, qw.row_scale, qw.mask)
+    else:
+        saved = (qx.deq, None, qx.mask, qw.deq, None, qw.mask)
+    return y, saved
+
+
+def _backward_gemms(e: torch.Tensor, saved, st: _Ctx, blocks: bool, s_dx, s_dw, seeds) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both backward GEMMs: ``dX`` (bf16) and ``dW`` (float32) from the output gradient ``e``.
+
+    ``s_dx`` / ``s_dw`` are the random Hadamard signs of the two GEMMs (a 32-bit mask or a device tensor of
+    32 ±1) and ``seeds`` maps ``dx_e, dx_w, dw_e, dw_x`` to their SR seeds (ints or one-element device
+    tensors): the kernels compute the same numbers from either form."""
+    xh, xs, mx_, wh, ws, mw = saved
+    e = e.contiguous().to(torch.bfloat16)
+    kw = dict(rule="absmax", stochastic=st.stochastic)
+    if st.engine == "hopper_fp8" and DUAL_E and not blocks and e.shape[0] % 32 == 0 and st.graph_safe:
+        # both quantizations of E from one read per pass (needs one set of signs for both GEMMs,
+        # so only in graph_safe mode, where signs are not tied to the reference rule anyway)
+        qe, qet = absmax_dual_fp8(e, s_dx, stochastic=st.stochastic, seed=seeds["dx_e"])
+        s_dw = s_dx
+    else:
+        qe = qet = None
+    if blocks:
+        # left operands (E, Eᵀ) per 1×128 block, right ones (Ŵᵀ, X̂ᵀ) per 128×128; the saved FP8
+        # X̂ / Ŵ are read back through their block scales
+        left, right = {"fp8_block": LEFT_BLOCK}, {"fp8_block": RIGHT_BLOCK}
+        in_w, in_x = {"in_scale_rows": RIGHT_BLOCK}, {"in_scale_rows": LEFT_BLOCK}
+    else:
+        left = right = in_w = in_x = {}
+    # dX̂ = E Ŵ, reduced over out: E grouped along its rows, Ŵᵀ read from Ŵ's columns
+    if qe is None:
+        qe = _q(e, st, axis=-1, seed=seeds["dx_e"], signs=s_dx, **left, **kw)
+    qwt = _q(wh, st, axis=0, seed=seeds["dx_w"], in_scale=ws, signs=s_dx, **right, **in_w, **kw)
+    dx = masked_inverse_hadamard(_mm(st, qe, qwt), mx_)
+    # dŴ = Eᵀ X̂, reduced over tokens: both read column-wise. With one scale per whole row the
+    # gradient needs e5m2's wider range along the token axis; a 1×128 block spans 4 groups only
+    if qet is None:
+        fmt = {"fp8": "e5m2"} if st.engine == "hopper_fp8" and not blocks else {}
+        qet = _q(e, st, axis=0, seed=seeds["dw_e"], signs=s_dw, **fmt, **left, **kw)
+    qxt = _q(xh, st, axis=0, seed=seeds["dw_x"], in_scale=xs, signs=s_dw, **right, **in_x, **kw)
+    st.add_flushed(qe, qwt, qet, qxt)
+    dw = masked_inverse_hadamard(_mm(st, qet, qxt), mw, out_dtype=torch.float32)
+    return dx, dw
+
+
 class QuartetLinearFn(torch.autograd.Function):
-    """autograd over the three quantized GEMMs (see the module docstring)."""
+    """autograd over the three quantized GEMMs (see the module docstring), random draws made on the host."""
 
     @staticmethod
     def forward(ctx, x2d: torch.Tensor, weight: torch.Tensor, state: _Ctx, call: int = 0):
-        x2d = x2d.to(torch.bfloat16)
-        w = weight.to(torch.bfloat16)
-        # forward operands: QuEST with the fixed Hadamard. The backward requantizes X̂ and Ŵ: on the
-        # hopper engine they are kept as the FP8 tensors + power-of-two row scales the forward GEMM
-        # already used (1 byte/element, no bf16 copy); elsewhere as exact bf16 values.
-        fp8 = state.engine == "hopper_fp8"
-        # block-scaled FP8: X (the GEMM's left operand) per 1×128, W (right) per 128×128 block
-        blocks = _use_blocks(state, w.shape[1], w.shape[0]) and x2d.shape[0] % 128 == 0
-        bx, bw = ({"fp8_block": LEFT_BLOCK}, {"fp8_block": RIGHT_BLOCK}) if blocks else ({}, {})
-        qx = _q(x2d, state, rule="quest", mask=True, deq=not fp8, **bx)
-        qw = _q(w, state, rule="quest", mask=True, deq=not fp8, **bw)
-        state.add_flushed(qx, qw)
-        y = _mm(state, qx, qw)
-        if blocks:
-            ctx.save_for_backward(qx.fp8, qx.block_scale, qx.mask, qw.fp8, qw.block_scale, qw.mask)
-        elif fp8:
-            ctx.save_for_backward(qx.fp8, qx.row_scale, qx.mask, qw.fp8, qw.row_scale, qw.mask)
-        else:
-            ctx.save_for_backward(qx.deq, None, qx.mask, qw.deq, None, qw.mask)
+        blocks = _use_blocks(state, weight.shape[1], weight.shape[0]) and x2d.shape[0] % 128 == 0
+        y, saved = _forward_gemm(x2d, weight, state, blocks)
+        ctx.save_for_backward(*saved)
         ctx.blocks = blocks
         ctx.state, ctx.call = state, call
         ctx.wdtype = weight.dtype
@@ -163,64 +213,189 @@ class QuartetLinearFn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, e: torch.Tensor):
-        xh, xs, mx_, wh, ws, mw = ctx.saved_tensors
         st: _Ctx = ctx.state
-        call = ctx.call
-        e = e.contiguous().to(torch.bfloat16)
-        dev = e.device
+        call, dev = ctx.call, e.device
         # one set of random signs per backward GEMM, as in the reference QuantLinear
         s_dx, s_dw = st.sign_arg(call, "dx", dev), st.sign_arg(call, "dw", dev)
-        kw = dict(rule="absmax", stochastic=st.stochastic)
-        if st.engine == "hopper_fp8" and DUAL_E and not ctx.blocks and e.shape[0] % 32 == 0 and st.graph_safe:
-            # both quantizations of E from one read per pass (needs one set of signs for both GEMMs,
-            # so only in graph_safe mode, where signs are not tied to the reference rule anyway)
-            qe, qet = absmax_dual_fp8(e, s_dx, stochastic=st.stochastic, seed=st.operand_seed(call, "dx_e", dev))
-            s_dw = s_dx
-        else:
-            qe = qet = None
-        if ctx.blocks:
-            # left operands (E, Eᵀ) per 1×128 block, right ones (Ŵᵀ, X̂ᵀ) per 128×128; the saved FP8
-            # X̂ / Ŵ are read back through their block scales
-            left, right = {"fp8_block": LEFT_BLOCK}, {"fp8_block": RIGHT_BLOCK}
-            in_w, in_x = {"in_scale_rows": RIGHT_BLOCK}, {"in_scale_rows": LEFT_BLOCK}
-        else:
-            left = right = in_w = in_x = {}
-        # dX̂ = E Ŵ, reduced over out: E grouped along its rows, Ŵᵀ read from Ŵ's columns
-        if qe is None:
-            qe = _q(e, st, axis=-1, seed=st.operand_seed(call, "dx_e", dev), signs=s_dx, **left, **kw)
-        qwt = _q(wh, st, axis=0, seed=st.operand_seed(call, "dx_w", dev), in_scale=ws, signs=s_dx,
-                 **right, **in_w, **kw)
-        dx = masked_inverse_hadamard(_mm(st, qe, qwt), mx_)
-        # dŴ = Eᵀ X̂, reduced over tokens: both read column-wise. With one scale per whole row the
-        # gradient needs e5m2's wider range along the token axis; a 1×128 block spans 4 groups only
-        if qet is None:
-            fmt = {"fp8": "e5m2"} if st.engine == "hopper_fp8" and not ctx.blocks else {}
-            qet = _q(e, st, axis=0, seed=st.operand_seed(call, "dw_e", dev), signs=s_dw, **fmt, **left, **kw)
-        qxt = _q(xh, st, axis=0, seed=st.operand_seed(call, "dw_x", dev), in_scale=xs, signs=s_dw,
-                 **right, **in_x, **kw)
-        st.add_flushed(qe, qwt, qet, qxt)
-        dw = masked_inverse_hadamard(_mm(st, qet, qxt), mw, out_dtype=torch.float32)
+        seeds = {slot: st.operand_seed(call, slot, dev) for slot in BACKWARD_OPERANDS}
+        dx, dw = _backward_gemms(e, ctx.saved_tensors, st, ctx.blocks, s_dx, s_dw, seeds)
         return dx, dw.to(ctx.wdtype), None, None
+
+
+#: the backward operands that draw SR seeds, in the order of a layer's device seed row
+BACKWARD_OPERANDS = OPERANDS[2:]
+
+
+def _pad_tokens(x: torch.Tensor, multiple: int) -> tuple[torch.Tensor, int]:
+    """``x`` flattened to (tokens, features) with zero token rows up to a multiple (zero rows contribute
+    nothing to the weight gradient, whose GEMM groups along tokens); returns it and the real token count."""
+    x2 = x.reshape(-1, x.shape[-1])
+    T = x2.shape[0]
+    pad = -T % multiple
+    return (torch.nn.functional.pad(x2, (0, 0, 0, pad)) if pad else x2), T
+
+
+def _check_features(in_features: int, out_features: int) -> None:
+    if in_features % 32 or out_features % 32:
+        raise ValueError(f"QuartetLinear needs in/out features that are multiples of 32, got "
+                         f"{in_features}x{out_features}")
 
 
 def _fused_forward(x: torch.Tensor, weight: torch.Tensor, state: _Ctx, call: int, out_features: int) -> torch.Tensor:
     """Run :class:`QuartetLinearFn` on ``x`` of any leading shape (tokens padded to a multiple of 32)."""
     in_features = weight.shape[1]
-    if in_features % 32 or out_features % 32:
-        raise ValueError(f"QuartetLinear needs in/out features that are multiples of 32, got "
-                         f"{in_features}x{out_features}")
-    shape = x.shape
-    x2 = x.reshape(-1, shape[-1])
-    T = x2.shape[0]
-    # the weight-gradient GEMM groups along tokens (in 128-blocks when block-scaled): zero rows
-    # contribute nothing
-    pad = -T % (128 if _use_blocks(state, in_features, out_features) else 32)
-    if pad:
-        x2 = torch.nn.functional.pad(x2, (0, 0, 0, pad))
+    _check_features(in_features, out_features)
+    x2, T = _pad_tokens(x, 128 if _use_blocks(state, in_features, out_features) else 32)
     y = QuartetLinearFn.apply(x2, weight, state, call)
-    if pad:
-        y = y[:T]
-    return y.reshape(*shape[:-1], out_features)
+    return y[:T].reshape(*x.shape[:-1], out_features)
+
+
+# ------------------------------------------------------------------------------------------------
+# The graph-capturable form of the layer: two registered operators.
+#
+# torch.compile cannot trace the Python that drives the Triton kernels (host-side seeds, the
+# QuantizedOperand bookkeeping), so the eager layer is excluded from tracing and every block linear
+# splits the compiled model — on small models the step is then bound by the host. As registered
+# operators with shape functions the layer sits inside the compiled graph (and inside a captured CUDA
+# graph under run.compile_mode=reduce-overhead). What a captured graph cannot do is draw on the host:
+# the Hadamard signs and SR seeds are read from the layer's device buffers instead, which
+# :class:`DeviceDraws` fills once per micro-batch with the very numbers the eager layer would draw, so
+# both forms compute the same result bit for bit. FP8 flush counts are not collected on this path.
+# ------------------------------------------------------------------------------------------------
+_SCALE_DTYPE = torch.float32
+
+
+@torch.library.custom_op("quartet::fused_linear_fwd", mutates_args=())
+def fused_linear_fwd(x: torch.Tensor, weight: torch.Tensor, signs: torch.Tensor, seeds: torch.Tensor, engine: str,
+                     stochastic: bool, blocks: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                                              torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``Y = QuEST(X H) QuEST(W H)ᵀ`` of a 2-D ``x`` (tokens padded to 32, or 128 with ``blocks``) and what the
+    backward needs: ``(y, X̂, X̂ scales, X mask, Ŵ, Ŵ scales, W mask)``. ``signs`` / ``seeds`` (the
+    backward's draws) are only carried to the backward. Scales are the stored form: a block scale of X̂ is
+    the contiguous ``(K/128, T)`` tensor; engines without FP8 give empty scales."""
+    y, saved = _forward_gemm(x, weight, _Ctx(engine, stochastic), blocks)
+    xq, xs, xm, wq, ws, wm = saved
+    empty = x.new_empty(0, dtype=_SCALE_DTYPE)
+    xs = empty if xs is None else (xs.t() if blocks else xs)
+    ws = empty.clone() if ws is None else ws
+    return y, xq, xs, xm, wq, ws, wm
+
+
+@fused_linear_fwd.register_fake
+def _fused_linear_fwd_fake(x, weight, signs, seeds, engine, stochastic, blocks):
+    T, K = x.shape
+    N = weight.shape[0]
+    y = x.new_empty((T, N), dtype=torch.bfloat16)
+    xm, wm = x.new_empty((T, K), dtype=torch.bool), x.new_empty((N, K), dtype=torch.bool)
+    if engine == "hopper_fp8":
+        xq, wq = x.new_empty((T, K), dtype=torch.float8_e4m3fn), x.new_empty((N, K), dtype=torch.float8_e4m3fn)
+        if blocks:
+            xs = x.new_empty((K // 128, T), dtype=_SCALE_DTYPE)
+            ws = x.new_empty((-(-N // 128), -(-(K // 128) // 4) * 4), dtype=_SCALE_DTYPE)
+        else:
+            xs, ws = x.new_empty((T, 1), dtype=_SCALE_DTYPE), x.new_empty((N, 1), dtype=_SCALE_DTYPE)
+    else:
+        xq, wq = x.new_empty((T, K), dtype=torch.bfloat16), x.new_empty((N, K), dtype=torch.bfloat16)
+        xs, ws = x.new_empty(0, dtype=_SCALE_DTYPE), x.new_empty(0, dtype=_SCALE_DTYPE)
+    return y, xq, xs, xm, wq, ws, wm
+
+
+@torch.library.custom_op("quartet::fused_linear_bwd", mutates_args=())
+def fused_linear_bwd(e: torch.Tensor, xq: torch.Tensor, xs: torch.Tensor, xm: torch.Tensor, wq: torch.Tensor,
+                     ws: torch.Tensor, wm: torch.Tensor, signs: torch.Tensor, seeds: torch.Tensor, engine: str,
+                     stochastic: bool, blocks: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(dX bf16, dW float32)`` of :func:`fused_linear_fwd`; ``signs`` (2, 32) are the dx / dw GEMMs' Hadamard
+    signs and ``seeds`` (4,) int64 the SR seeds of ``dx_e, dx_w, dw_e, dw_x``, both on the device."""
+    if xs.numel() == 0:
+        xs = ws = None
+    elif blocks:
+        xs = xs.t()  # back to the (T, K/128) column-major view the quantizer reads
+    saved = (xq, xs, xm, wq, ws, wm)
+    slot_seeds = {slot: seeds[i:i + 1] for i, slot in enumerate(BACKWARD_OPERANDS)}
+    return _backward_gemms(e, saved, _Ctx(engine, stochastic), blocks, signs[0], signs[1], slot_seeds)
+
+
+@fused_linear_bwd.register_fake
+def _fused_linear_bwd_fake(e, xq, xs, xm, wq, ws, wm, signs, seeds, engine, stochastic, blocks):
+    return e.new_empty(xm.shape, dtype=torch.bfloat16), e.new_empty(wm.shape, dtype=torch.float32)
+
+
+def _fused_setup_context(ctx, inputs, output):
+    x, weight, signs, seeds, engine, stochastic, blocks = inputs
+    ctx.save_for_backward(*output[1:], signs, seeds)
+    ctx.engine, ctx.stochastic, ctx.blocks = engine, stochastic, blocks
+    ctx.x_dtype, ctx.w_dtype = x.dtype, weight.dtype
+
+
+def _fused_backward(ctx, gy, *_unused):
+    xq, xs, xm, wq, ws, wm, signs, seeds = ctx.saved_tensors
+    dx, dw = fused_linear_bwd(gy, xq, xs, xm, wq, ws, wm, signs, seeds, ctx.engine, ctx.stochastic, ctx.blocks)
+    return dx.to(ctx.x_dtype), dw.to(ctx.w_dtype), None, None, None, None, None
+
+
+fused_linear_fwd.register_autograd(_fused_backward, setup_context=_fused_setup_context)
+
+
+def traceable_fused_forward(x: torch.Tensor, weight: torch.Tensor, signs: torch.Tensor, seeds: torch.Tensor,
+                            engine: str, stochastic: bool, out_features: int) -> torch.Tensor:
+    """The fused layer on ``x`` of any leading shape through the registered operators (compile/graph-safe).
+
+    ``signs`` (2, 32) float32 and ``seeds`` (4,) int64 live on the device and hold this micro-batch's draws
+    (see :class:`DeviceDraws`); the output is bf16, like the eager layer's."""
+    in_features = weight.shape[1]
+    _check_features(in_features, out_features)
+    blocks = _blocks_for(engine, in_features, out_features)
+    x2, T = _pad_tokens(x, 128 if blocks else 32)
+    y = fused_linear_fwd(x2, weight, signs, seeds, engine, stochastic, blocks)[0]
+    return y[:T].reshape(*x.shape[:-1], out_features)
+
+
+class DeviceDraws:
+    """The random draws of a model's compiled fused layers, in one device arena filled per micro-batch.
+
+    A captured graph reads its inputs from fixed addresses, so the draws cannot be Python numbers made
+    during the call. Each layer reads two rows of the arena — ``draw_signs`` (2, 32) float32: the Hadamard
+    signs of its dx and dw GEMMs, and ``draw_seeds`` (4,) int64: the SR seeds of ``dx_e, dx_w, dw_e, dw_x``
+    — registered as (non-persistent) buffers that view the arena. :meth:`upload` computes every layer's
+    draws for its current (seed, step, layer index, micro-batch call) with the reference rule
+    (:func:`~quartet.quant.linear.hadamard_signs`, :func:`~quartet.quant.linear.operand_seed`) and copies
+    them in with one transfer per tensor, ordered on the stream before the next micro-batch's kernels.
+    Build it after the model is on its device (moving the model would detach the views).
+    """
+
+    def __init__(self, layers: list, device: torch.device):
+        self.layers = list(layers)
+        self.device = torch.device(device)
+        n = len(self.layers)
+        self.signs = torch.ones(n, 2, 32, device=self.device, dtype=torch.float32)
+        self.seeds = torch.zeros(n, len(BACKWARD_OPERANDS), device=self.device, dtype=torch.int64)
+        self._uploaded: tuple | None = None
+        for i, layer in enumerate(self.layers):
+            layer.register_buffer("draw_signs", self.signs[i], persistent=False)
+            layer.register_buffer("draw_seeds", self.seeds[i], persistent=False)
+            layer.device_draws = self
+
+    def host_values(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """This micro-batch's draws of every layer, on the host: (signs (L, 2, 32), seeds (L, 4), 31 bits)."""
+        cols = zip(*((m.seed, m.step, m.layer_index, m._calls) for m in self.layers))
+        signs, seeds = backward_draws(*(list(c) for c in cols), block=32)
+        return signs, seeds & 0x7FFF_FFFF
+
+    def upload(self) -> None:
+        """Copy the layers' current draws into the arena (asynchronously from pinned memory on a GPU); a no-op
+        when the arena already holds the draws of every layer's current (step, call)."""
+        key = tuple((m.seed, m.step, m.layer_index, m._calls) for m in self.layers)
+        if key == self._uploaded:
+            return
+        self._uploaded = key
+        signs, seeds = self.host_values()
+        if self.device.type == "cuda":
+            # pinned blocks come from the caching host allocator, which keeps each one until its copy is done
+            self.signs.copy_(signs.pin_memory(), non_blocking=True)
+            self.seeds.copy_(seeds.pin_memory(), non_blocking=True)
+        else:
+            self.signs.copy_(signs)
+            self.seeds.copy_(seeds)
 
 
 class QuartetLinear(torch.nn.Linear):
@@ -263,23 +438,36 @@ class FusedQuantLinear(QuantLinear):
     QuantLinear (same weight sharing, ``set_step(step, first_call)``, stats, seeds), so the seam API is
     unchanged. On steps where statistics are requested (``step % stats_every == 0``) it runs the
     operand-by-operand seam path through the same kernel backend, which records them (the fused
-    kernels do not compute statistics); on every other step it runs :class:`QuartetLinearFn`. Both
+    kernels do not compute statistics); on every other step it runs the fused layer: eagerly
+    (:class:`QuartetLinearFn`, draws made on the host per call) or, once :func:`bind_device_draws` gave it
+    device draws, as registered operators that ``torch.compile`` traces and CUDA graphs capture. All
     paths draw identical signs and SR seeds for a given (seed, step, layer, micro-batch).
     """
 
     def __init__(self, weight: torch.nn.Parameter, scheme, backend, *, stochastic: bool, **kw):
         super().__init__(weight, scheme, backend, **kw)
         self.fused = _Ctx(backend.name, stochastic, self.seed, layer_index=self.layer_index)
+        #: the arena that feeds this layer's draws when it runs as traceable operators (None: eager)
+        self.device_draws: DeviceDraws | None = None
 
     @property
     def flushed(self) -> torch.Tensor | None:
         """Device counter of FP8 values the hopper fold could not represent exactly (None: none seen)."""
         return self.fused.flushed
 
-    @torch.compiler.disable  # host-side call counter and seeds, as QuantLinear.forward
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.stats_enabled:
-            return super().forward(x)  # seam path: records statistics, same seeds
+            return super().forward(x)  # seam path: records statistics, same seeds (kept out of graphs)
+        if self.device_draws is None:
+            return self._eager_forward(x)
+        dev = x.device.type
+        out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+        y = traceable_fused_forward(x, self.weight, self.draw_signs, self.draw_seeds, self.fused.engine,
+                                    self.fused.stochastic, self.out_features)
+        return y.to(out_dtype)
+
+    @torch.compiler.disable  # host-side call counter and seeds, as QuantLinear.forward
+    def _eager_forward(self, x: torch.Tensor) -> torch.Tensor:
         dev = x.device.type
         out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
         call = self._calls
@@ -288,7 +476,17 @@ class FusedQuantLinear(QuantLinear):
         return _fused_forward(x, self.weight, self.fused, call, self.out_features).to(out_dtype)
 
     def extra_repr(self) -> str:
-        return super().extra_repr() + ", fused=True"
+        return super().extra_repr() + ", fused=True" + (", traceable=True" if self.device_draws is not None else "")
+
+
+def bind_device_draws(model: torch.nn.Module, device) -> DeviceDraws | None:
+    """Switch every :class:`FusedQuantLinear` of ``model`` to the traceable operators, fed by one
+    :class:`DeviceDraws` arena on ``device`` (None when the model has no fused Quartet layer).
+
+    ``quartet.quant.set_step`` and ``quartet.quant.begin_micro_batch`` refresh the draws; the traceable
+    path assumes one call of each layer per micro-batch (true of the model's block linears)."""
+    layers = [m for m in model.modules() if isinstance(m, FusedQuantLinear)]
+    return DeviceDraws(layers, device) if layers else None
 
 
 #: schemes the fused layer implements: name -> stochastic backward

@@ -5,7 +5,8 @@ The model seam (docs/ARCHITECTURE.md, "Model <-> quantization seam"):
 * :func:`apply_precision` converts exactly the model's ``quartet.model.BlockLinear`` modules to
   :class:`~quartet.quant.linear.QuantLinear` (sharing the weight Parameter) and returns a
   :class:`QuantPlan` — the module → quantizer map, with the backend that runs each GEMM.
-* :func:`set_step` tells the quantized layers the optimizer step (random signs / SR seeds, stats).
+* :func:`set_step` tells the quantized layers the optimizer step (random signs / SR seeds, stats), and
+  :func:`begin_micro_batch` which of its micro-batches comes next.
 * :func:`collect_stats` returns the per-layer quantization statistics gathered since the last call.
 
 Importing this package needs only torch.
@@ -22,8 +23,8 @@ from quartet.quant.backend import BACKEND_NAMES, get_backend
 from quartet.quant.linear import QuantLinear
 from quartet.quant.schemes import SCHEMES, Scheme, build_scheme, scheme_names
 
-__all__ = ["QuantPlan", "apply_precision", "set_step", "collect_stats", "build_scheme", "scheme_names",
-           "SCHEMES", "QuantLinear"]
+__all__ = ["QuantPlan", "apply_precision", "set_step", "begin_micro_batch", "collect_stats", "build_scheme",
+           "scheme_names", "SCHEMES", "QuantLinear"]
 
 
 @dataclass
@@ -44,6 +45,8 @@ class QuantPlan:
     high_precision: list[str] = field(default_factory=list)
     #: the layer class that runs the converted modules' GEMMs (fused kernel layer or operand-by-operand QuantLinear)
     implementation: str = "none"
+    #: whether the fused Quartet layers run as registered operators that torch.compile traces (draws on the device)
+    traceable: bool = False
 
     def to_dict(self) -> dict:
         return {
@@ -54,6 +57,7 @@ class QuantPlan:
             "backend": self.backend,
             "backend_detail": self.backend_detail,
             "implementation": self.implementation,
+            "traceable": self.traceable,
             "seed": self.seed,
             "modules": self.modules,
             "high_precision": self.high_precision,
@@ -65,7 +69,8 @@ class QuantPlan:
         if self.modules:
             first = next(iter(self.modules.values()))
             lines.append(f"  {len(self.modules)} block linears quantized, GEMMs run by {self.backend_detail}")
-            lines.append(f"  layer: {self.implementation}")
+            lines.append(f"  layer: {self.implementation}"
+                         + (" as traceable operators (draws on the device)" if self.traceable else ""))
             for gemm, ops in first["operands"].items():
                 lines.append(f"    {gemm}: " + ", ".join(f"{k}={v}" for k, v in ops.items()))
         else:
@@ -88,13 +93,17 @@ def _device_of(model: nn.Module) -> torch.device:
 
 
 def apply_precision(model: nn.Module, precision_cfg, *, seed: int | None = None, device: torch.device | str | None = None,
-                    targets: tuple[type, ...] | None = None) -> QuantPlan:
+                    targets: tuple[type, ...] | None = None, traceable: bool = False) -> QuantPlan:
     """Convert the model's block linears in place to the scheme's quantized linear.
 
     ``precision_cfg`` is a ``PrecisionConfig`` (or any object with its attributes). ``seed`` (the run
     seed) enters every random Hadamard sign and stochastic-rounding seed; None takes
     ``torch.initial_seed()``, i.e. the seed of the caller's last ``torch.manual_seed(run.seed)``.
     ``targets`` overrides the module types to convert (default: ``quartet.model.BlockLinear``). ``bf16`` converts nothing.
+    ``traceable=True`` (for a model that will be compiled) runs the fused Quartet layers as registered operators
+    that ``torch.compile`` traces and CUDA graphs capture, their random draws fed from the device per micro-batch
+    (call :func:`begin_micro_batch` before each one); the numbers are those of the eager layer. Convert the model
+    on its final device.
     Raises :class:`ConfigError` at once if the scheme or backend cannot run on ``device``.
     """
     scheme: Scheme = build_scheme(precision_cfg)
@@ -153,6 +162,11 @@ def apply_precision(model: nn.Module, precision_cfg, *, seed: int | None = None,
     impls = sorted({m["implementation"] for m in plan.modules.values()})
     plan.implementation = impls[0] if len(impls) == 1 else " + ".join(impls) if impls else seam
     plan.high_precision = weighted
+    if traceable and fused_factory is not None:
+        from quartet.kernels.linear import bind_device_draws
+
+        plan.traceable = bind_device_draws(model, device) is not None
+        _upload_draws(model)
     return plan
 
 
@@ -168,6 +182,25 @@ def set_step(model: nn.Module, step: int, first_call: int = 0) -> None:
     """
     for m in _quant_layers(model):
         m.set_step(step, first_call)
+    _upload_draws(model)
+
+
+def begin_micro_batch(model: nn.Module, index: int) -> None:
+    """Micro-batch ``index`` (0-based, this process's) of the current step comes next.
+
+    Layers run eagerly count their calls themselves; layers inside a compiled graph cannot, so the training
+    loop calls this before every micro-batch: it sets each layer's call number and refreshes the device
+    draws of traceable fused layers (one host-to-device copy, ordered before the micro-batch's kernels).
+    """
+    for m in _quant_layers(model):
+        m.begin_micro_batch(index)
+    _upload_draws(model)
+
+
+def _upload_draws(model: nn.Module) -> None:
+    arenas = {id(a): a for m in _quant_layers(model) if (a := getattr(m, "device_draws", None)) is not None}
+    for arena in arenas.values():
+        arena.upload()
 
 
 def collect_stats(model: nn.Module) -> dict[str, float]:

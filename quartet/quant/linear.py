@@ -27,7 +27,7 @@ from quartet.quant.hadamard import random_signs
 from quartet.quant.quantizers import QTensor
 from quartet.quant.schemes import GemmSpec, Scheme
 
-__all__ = ["QuantLinear", "mix_seed", "OPERANDS"]
+__all__ = ["QuantLinear", "mix_seed", "OPERANDS", "operand_seed", "hadamard_signs", "backward_draws"]
 
 #: operand names used in statistics keys q/<module>/<operand>/<stat>
 OPERANDS = ("x", "w", "dx_e", "dx_w", "dw_e", "dw_x")
@@ -47,6 +47,70 @@ def mix_seed(*values: int) -> int:
         z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
         h = z ^ (z >> 31)
     return h & 0x7FFF_FFFF_FFFF_FFFF
+
+
+def _signed64(v: int) -> int:
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+_GOLDEN, _C1, _C2 = (_signed64(c) for c in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB))
+
+
+def _shr(x: torch.Tensor, k: int) -> torch.Tensor:
+    """Logical right shift of int64 bit patterns (torch shifts signed integers arithmetically)."""
+    return (x >> k) & ((1 << (64 - k)) - 1)
+
+
+def _mix_seed_tensor(*values: torch.Tensor) -> torch.Tensor:
+    """:func:`mix_seed` elementwise over broadcast int64 tensors: the same bits, two's-complement arithmetic
+    (int64 addition and multiplication wrap modulo 2**64 exactly like the masked Python integers)."""
+    values = torch.broadcast_tensors(*values)
+    h = torch.full(values[0].shape, _GOLDEN, dtype=torch.int64)
+    for v in values:
+        h = (h ^ v) + _GOLDEN
+        z = (h ^ _shr(h, 30)) * _C1
+        z = (z ^ _shr(z, 27)) * _C2
+        h = z ^ _shr(z, 31)
+    return h & 0x7FFF_FFFF_FFFF_FFFF
+
+
+_DRAW_GENERATOR = torch.Generator()
+
+
+def backward_draws(seed, step, layer_index, call, block: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    """The random draws of the backward of micro-batch ``call`` for many layers at once (arrays of equal length,
+    or scalars): ``(signs (n, 2, block) float32 — the dx and dw GEMMs' :func:`hadamard_signs`,
+    seeds (n, 4) int64 — the :func:`operand_seed` of dx_e, dx_w, dw_e, dw_x)``. Equal to the scalar rules,
+    computed with a vectorised hash (what a layer fed from the device uploads every micro-batch)."""
+    cols = [torch.as_tensor(v, dtype=torch.int64).reshape(-1) for v in (seed, step, layer_index, call)]
+    cols = [c[:, None] for c in torch.broadcast_tensors(*cols)]
+    seeds = _mix_seed_tensor(*cols, torch.tensor([[_SLOT[o] for o in OPERANDS[2:]]]))
+    gemm_seeds = _mix_seed_tensor(*cols, torch.tensor([[_GEMM_SLOT["dx"], _GEMM_SLOT["dw"]]]))
+    bits = torch.empty(gemm_seeds.shape + (block,), dtype=torch.int64)
+    g = _DRAW_GENERATOR  # reseeded per draw: the same numbers as a fresh generator with that seed
+    for i, row in enumerate(gemm_seeds.tolist()):
+        for j, s in enumerate(row):
+            g.manual_seed(s)
+            torch.randint(0, 2, (block,), generator=g, out=bits[i, j])
+    return (bits * 2 - 1).float(), seeds
+
+
+def operand_seed(seed: int, step: int, layer_index: int, call: int, operand: str) -> int:
+    """The 63-bit random seed of one operand quantization (``operand`` in :data:`OPERANDS`) of micro-batch
+    ``call`` of optimizer step ``step`` in layer ``layer_index`` of a run seeded ``seed``.
+
+    The one rule every implementation of a quantized layer follows (reference, seam and fused kernels), so
+    that they draw the same stochastic-rounding streams; kernels that take 31-bit seeds use its low 31 bits.
+    """
+    return mix_seed(seed, step, layer_index, call, _SLOT[operand])
+
+
+def hadamard_signs(seed: int, step: int, layer_index: int, call: int, gemm: str, block: int = 32,
+                   device: torch.device | str | None = None) -> torch.Tensor:
+    """The random Hadamard signs (float32 ±1, ``block`` of them) shared by both operands of GEMM ``gemm``
+    (``fwd``, ``dx`` or ``dw``) of micro-batch ``call`` — the same rule as :func:`operand_seed`."""
+    g = torch.Generator().manual_seed(mix_seed(seed, step, layer_index, call, _GEMM_SLOT[gemm]))
+    return random_signs(block, g, device)
 
 
 def _pad_last(x: torch.Tensor, multiple: int) -> torch.Tensor:
@@ -78,6 +142,7 @@ class QuantLinear(nn.Linear):
         self.residual = residual
         self.step = 0
         self._calls = 0
+        self._first_call = 0
         self.stats_enabled = False
         self._stats: dict[str, list[dict[str, float]]] = {}
 
@@ -90,8 +155,14 @@ class QuantLinear(nn.Linear):
         signs / SR seeds as in single-process training with gradient accumulation.
         """
         self.step = int(step)
-        self._calls = int(first_call)
+        self._calls = self._first_call = int(first_call)
         self.stats_enabled = self.stats_every > 0 and self.step % self.stats_every == 0
+
+    def begin_micro_batch(self, index: int) -> None:
+        """Micro-batch ``index`` (0-based within this process's step) comes next: its draws are those of the
+        global micro-batch ``first_call + index``. Layers count their calls themselves when run eagerly, so
+        this only matters where a compiled graph runs the layer (it cannot count on the host)."""
+        self._calls = self._first_call + int(index)
 
     def operand_seed(self, call: int, slot: int) -> int:
         """Seed of one operand quantization in micro-batch ``call`` of the current step."""
@@ -99,8 +170,7 @@ class QuantLinear(nn.Linear):
 
     def signs(self, call: int, gemm: str, block: int, device: torch.device) -> torch.Tensor:
         """Random Hadamard signs shared by both operands of one GEMM of one micro-batch."""
-        g = torch.Generator().manual_seed(self.operand_seed(call, _GEMM_SLOT[gemm]))
-        return random_signs(block, g, device)
+        return hadamard_signs(self.seed, self.step, self.layer_index, call, gemm, block, device)
 
     # -- statistics -----------------------------------------------------------------------------
     def record(self, operand: str, stats: dict[str, float] | None) -> None:

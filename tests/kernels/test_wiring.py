@@ -19,7 +19,7 @@ from quartet.quant.config import PrecisionConfig  # noqa: E402
 from quartet.kernels import linear as L  # noqa: E402
 from quartet.kernels.backends import make_backend  # noqa: E402
 from quartet.model import Llama  # noqa: E402
-from quartet.quant.linear import QuantLinear  # noqa: E402
+from quartet.quant.linear import OPERANDS, QuantLinear  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -115,7 +115,7 @@ def test_fused_seeds_follow_the_reference_rule_and_ddp_numbering(triton_backend)
     for gemm in ("dx", "dw"):
         assert torch.equal(_synced(lay).signs(3, gemm, "cpu"), lay.signs(3, gemm, 32, "cpu"))
     for slot in ("dx_e", "dx_w", "dw_e", "dw_x"):
-        assert _synced(lay).operand_seed(3, slot) == lay.operand_seed(3, L._SLOT[slot]) & 0x7FFF_FFFF
+        assert _synced(lay).operand_seed(3, slot) == lay.operand_seed(3, OPERANDS.index(slot)) & 0x7FFF_FFFF
     g = torch.Generator().manual_seed(4)
     mb = [torch.randint(0, 128, (1, 33), generator=g).to(DEV) for _ in range(2)]
     Q.set_step(a, 7, first_call=0)
@@ -147,3 +147,120 @@ def test_stats_steps_run_the_seam_path_and_record_stats(triton_backend):
     loss, grads = _loss_and_grads(model, tokens)
     assert Q.collect_stats(model) == {} and torch.isfinite(loss)
     assert all(torch.isfinite(v).all() for v in grads.values())
+
+
+def _micro_batches(model, step, first_call, batches):
+    """One optimizer step's micro-batches the way the trainer runs them; returns losses and summed grads."""
+    model.zero_grad(set_to_none=True)
+    Q.set_step(model, step, first_call=first_call)
+    losses = []
+    for i, tokens in enumerate(batches):
+        Q.begin_micro_batch(model, i)
+        loss = model(tokens[:, :-1], tokens[:, 1:])
+        loss.backward()
+        losses.append(loss.item())
+    return losses, {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+
+
+def test_traceable_fused_layer_equals_the_eager_layer_bit_for_bit(triton_backend):
+    """The registered-operator form (draws read from device buffers) computes exactly what the eager layer does,
+    SR streams and DDP micro-batch numbering included, and a wrong draw changes the result."""
+    base = _model(3)
+    eager, traced = copy.deepcopy(base), copy.deepcopy(base)
+    Q.apply_precision(eager, PrecisionConfig(name="quartet_sr"), seed=9, device=DEV)
+    plan = Q.apply_precision(traced, PrecisionConfig(name="quartet_sr"), seed=9, device=DEV, traceable=True)
+    assert plan.traceable and plan.to_dict()["traceable"] and "traceable operators" in plan.summary()
+    layers = [m for m in traced.modules() if isinstance(m, L.FusedQuantLinear)]
+    assert layers and all(m.device_draws is layers[0].device_draws for m in layers)
+    assert not any(n.startswith("draw_") or ".draw_" in n for n in traced.state_dict())  # not checkpointed
+    g = torch.Generator().manual_seed(4)
+    batches = [torch.randint(0, 128, (1, 33), generator=g).to(DEV) for _ in range(2)]
+    le, ge = _micro_batches(eager, 7, 1, batches)
+    lt, gt = _micro_batches(traced, 7, 1, batches)
+    assert le == lt
+    for n in ge:
+        assert torch.equal(ge[n], gt[n]), n
+    # the buffers hold the reference rule's draws of the last micro-batch (global call 2)
+    lay = layers[2]
+    assert torch.equal(lay.draw_signs[1].cpu(), lay.signs(2, "dw", 32, "cpu"))
+    assert int(lay.draw_seeds[0]) == lay.operand_seed(2, 2) & 0x7FFF_FFFF  # dx_e
+    # stale draws (no begin_micro_batch for the second micro-batch) give other gradients
+    traced.zero_grad(set_to_none=True)
+    Q.set_step(traced, 7, first_call=1)
+    for tokens in batches:
+        traced(tokens[:, :-1], tokens[:, 1:]).backward()
+    assert any(not torch.equal(ge[n], p.grad) for n, p in traced.named_parameters() if "blocks" in n)
+
+
+def test_fused_operators_shape_functions_and_autograd_registration(triton_backend):
+    """torch.library.opcheck: schema, fake (shape) functions and the autograd formula of the forward operator."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 64, generator=g).bfloat16().to(DEV).requires_grad_(True)
+    w = (torch.randn(96, 64, generator=g) * 0.1).to(DEV).requires_grad_(True)
+    signs = (torch.randint(0, 2, (2, 32), generator=g) * 2 - 1).float().to(DEV)
+    seeds = torch.arange(4, dtype=torch.int64).to(DEV)
+    torch.library.opcheck(L.fused_linear_fwd, (x, w, signs, seeds, "triton", True, False))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_traceable_fused_model_compiles_as_one_graph(triton_backend):
+    """fullgraph=True: the fused Quartet layers no longer split the compiled model; the compiled step equals the
+    eager one (quantized layers bitwise here; the compiled rest may round differently)."""
+    base = _model(5)
+    eager, traced = copy.deepcopy(base), copy.deepcopy(base)
+    for m in (eager, traced):
+        Q.apply_precision(m, PrecisionConfig(name="quartet"), seed=2, device=DEV, traceable=True)
+    torch._dynamo.reset()
+    compiled = torch.compile(traced, fullgraph=True)
+    tokens = torch.randint(0, 128, (2, 33), generator=torch.Generator().manual_seed(1)).to(DEV)
+    for step in (1, 2):
+        le, ge = _micro_batches(eager, step, 0, [tokens])
+        traced.zero_grad(set_to_none=True)
+        Q.set_step(traced, step)
+        Q.begin_micro_batch(traced, 0)
+        loss = compiled(tokens[:, :-1], tokens[:, 1:])
+        loss.backward()
+        assert loss.item() == pytest.approx(le[0], rel=1e-5)
+        for n, p in traced.named_parameters():
+            assert _rel(p.grad, ge[n]) < 1e-4, n
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(DEV != "cuda", reason="CUDA graphs need a GPU")
+def test_traceable_quartet_model_trains_in_cuda_graphs_like_the_eager_model():
+    """run.compile_mode=reduce-overhead on the GPU's fused layer: the compiled model is captured (no cudagraph
+    skip, no graph break), replays read each micro-batch's fresh draws, and three optimizer steps of two
+    micro-batches follow the eager fused model (the compiled non-quantized ops may round differently)."""
+    from torch._dynamo.utils import counters
+
+    torch.manual_seed(0)
+    base = Llama(2, 256, 4, 512, 128, ffn_multiple_of=256).to(DEV)
+    eager, traced = copy.deepcopy(base), copy.deepcopy(base)
+    Q.apply_precision(eager, PrecisionConfig(name="quartet"), seed=3, device=DEV)
+    plan = Q.apply_precision(traced, PrecisionConfig(name="quartet"), seed=3, device=DEV, traceable=True)
+    assert plan.traceable and plan.backend in ("hopper_fp8", "blackwell_mxfp4", "triton")
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(traced, mode="reduce-overhead")
+    g = torch.Generator().manual_seed(1)
+    steps = [[torch.randint(0, 512, (8, 129), generator=g).to(DEV) for _ in range(2)] for _ in range(3)]
+    curves = {}
+    for name, model, run in (("eager", eager, eager), ("graphs", traced, compiled)):
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        losses = []
+        for step, batches in enumerate(steps, start=1):
+            Q.set_step(model, step)
+            for i, tokens in enumerate(batches):
+                Q.begin_micro_batch(model, i)
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    loss = run(tokens[:, :-1], tokens[:, 1:])
+                (loss / 2).backward()
+                losses.append(loss.item())
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        curves[name] = losses
+    assert counters["inductor"]["cudagraph_skips"] == 0
+    assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])
+    assert curves["graphs"] == pytest.approx(curves["eager"], rel=2e-3), curves
+    assert curves["graphs"][-1] < curves["graphs"][0]

@@ -238,3 +238,18 @@ def test_ragged_token_count_and_autocast():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         y = layer(x.bfloat16().requires_grad_(True))
     assert y.dtype == torch.bfloat16
+
+
+def test_vectorised_backward_draws_equal_the_scalar_rule():
+    """backward_draws (what compiled fused layers upload per micro-batch) = hadamard_signs + operand_seed,
+    over 64-bit seeds and call numbers."""
+    from quartet.quant.linear import backward_draws, hadamard_signs, operand_seed
+
+    rows = [(0, 0, 0, 0), (5, 7, 2, 4), (2**40 + 3, 9, 27, 2**33), (2**63 - 1, 123456, 3, 1)]
+    signs, seeds = backward_draws(*(list(c) for c in zip(*rows)))
+    assert signs.shape == (4, 2, 32) and seeds.shape == (4, 4) and seeds.dtype == torch.int64
+    for i, (s, t, layer, call) in enumerate(rows):
+        assert torch.equal(signs[i, 0], hadamard_signs(s, t, layer, call, "dx"))
+        assert torch.equal(signs[i, 1], hadamard_signs(s, t, layer, call, "dw"))
+        assert seeds[i].tolist() == [operand_seed(s, t, layer, call, o) for o in ("dx_e", "dx_w", "dw_e", "dw_x")]
+    assert not torch.equal(signs[1], signs[2])
