@@ -10,8 +10,10 @@ gap of precision p in replicate s is paired:
 *Seed noise* is measured where a cell was run with several seeds: per precision the sample standard deviation
 of L over seeds, and per precision the standard deviation of the paired gap g_p,s over seeds (the noise of
 the quantity the comparison is about). A cell's gap (the mean of its paired gaps) is judged against the
-paired-gap noise measured at the same model size (the largest one, if several cells of that size were
-replicated; the largest of all sizes, if none was): ``above noise`` when gap − noise > 0, with the margin and
+paired-gap noise measured at the same model size, at the replicated budget nearest to the cell's (in log
+tokens; the larger noise on a tie) — noise shrinks as a run trains longer, so a short budget's noise would
+flatter nothing at a long one and a long budget's would flatter a short one — and the largest of all sizes
+if the size has no replicated cell: ``above noise`` when gap − noise > 0, with the margin and
 the ratio gap / noise reported either way. One standard deviation is a low bar; the ratio says how far past
 it a cell is.
 
@@ -84,8 +86,9 @@ def seed_noise(df: pd.DataFrame, base: str = "bf16") -> pd.DataFrame:
 def cell_gaps(df: pd.DataFrame, base: str = "bf16", noise: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per (cell, precision ≠ base): mean paired gap, the noise it is judged against, margin, ratio, verdict.
 
-    The noise of a cell is the largest paired-gap sd of that precision measured at the same model size
-    (falling back to the largest over all sizes when the size has no replicated cell).
+    The noise of a cell is the paired-gap sd of that precision measured at the same model size, at the
+    replicated budget nearest in log tokens (the larger sd on a tie); with no replicated cell at that size,
+    the largest sd over all sizes. ``noise_from`` says which.
     """
     noise = seed_noise(df, base) if noise is None else noise
     gaps = paired_gaps(df, base)
@@ -93,11 +96,17 @@ def cell_gaps(df: pd.DataFrame, base: str = "bf16", noise: pd.DataFrame | None =
     rows = []
     for (model, n, d, prec), grp in gaps.groupby(["model", "n_params", "tokens", "precision"]):
         same = ref[(ref["model"] == model) & (ref["precision"] == prec)]
-        pool = same if len(same) else ref[ref["precision"] == prec]
-        if pool.empty:
-            raise AnalysisError(f"ladder: no paired-gap noise measured for {prec}")
-        sd = float(pool["gap_sd"].max())
-        where = "this size" if len(same) else "largest of all sizes"
+        if len(same):
+            dist = (np.log(same["tokens"].astype(float)) - np.log(float(d))).abs().round(9)
+            near = same[dist == dist.min()]
+            sd = float(near["gap_sd"].max())
+            d_ref = float(near.loc[near["gap_sd"].idxmax(), "tokens"])
+            where = f"this size, D/N {d_ref / n:.3g}"
+        else:
+            pool = ref[ref["precision"] == prec]
+            if pool.empty:
+                raise AnalysisError(f"ladder: no paired-gap noise measured for {prec}")
+            sd, where = float(pool["gap_sd"].max()), "largest of all sizes"
         gap = float(grp["gap"].mean())
         rows.append({"model": model, "n_params": n, "tokens": d, "tokens_per_param": round(d / n, 2), "precision": prec,
                      "seeds": int(grp["seed"].nunique()), "base_loss": float(grp["base_loss"].mean()),

@@ -7,6 +7,9 @@
 #   bash cluster/scripts/ladder_device.sh calibrate   # THERE: env, GPU tests, corpus, step-speed benchmark, a 2-run sweep
 #   bash cluster/scripts/ladder_device.sh ladder      # THERE: corpus + the whole sweep in the background; waits up to
 #                                                     # LADDER_WAIT s, collects; call again to keep waiting
+#   bash cluster/scripts/ladder_device.sh session     # THERE, one lease: GPU tests while the corpus builds, the
+#                                                     # step-speed benchmark alone on the GPU, then `ladder` with the
+#                                                     # compile mode the checks allow (below)
 #
 # On a machine with the project installed (pip install -e .) none of this is needed: docs/ladder.md gives the
 # three plain commands. Results go to $OUT (default .cache/ladder_out): logs, benchmark JSON, and runs.tar.gz
@@ -82,6 +85,44 @@ if [ "$mode" = calibrate ]; then
   exit 0
 fi
 
+if [ "$mode" = session ]; then
+  # What one GPU lease needs before the sweep: the GPU tests, run while the corpus is built on the CPUs, then
+  # the sweep. It runs CUDA-graph replays of traced fused layers (sweeps/ladder_1gpu.yaml) only where the tests
+  # passed: a failed traceable-layer test turns the tracing off (run.compile_fused=false: the eager fused layer,
+  # the same numbers), a failed CUDA-graph test drops the graphs (run.compile_mode=default). The choice is
+  # logged in session.txt. Time the steps afterwards, with the GPU to itself: `speed`.
+  ( "$PY" -m pytest -q -p no:cacheprovider tests/kernels tests/quant/test_gpu.py tests/quartet/test_compile.py \
+      -m "slow or not slow" -rfE > "$OUT/gpu_tests.txt" 2>&1; echo "exit $? at $(date -u +%H:%M:%S)" >> "$OUT/gpu_tests.txt" ) &
+  tests_pid=$!
+  prepare_data
+  wait $tests_pid
+  stamp "GPU tests: $(tail -2 "$OUT/gpu_tests.txt" | tr '\n' ' ')"
+  choice=$("$PY" - "$OUT/gpu_tests.txt" <<'PYEOF'
+import sys
+failed = [ln for ln in open(sys.argv[1]).read().splitlines() if ln.startswith(("FAILED", "ERROR"))]
+args = []
+if any("traceable" in ln for ln in failed):
+    args.append("sweep.fixed.run.compile_fused=false")
+if any("graphs" in ln for ln in failed):
+    args.append("sweep.fixed.run.compile_mode=default")
+print(" ".join(args))
+PYEOF
+)
+  echo "sweep overrides chosen by the GPU tests: '${choice}'" | tee "$OUT/session.txt"
+  SWEEP_ARGS="${SWEEP_ARGS:-} $choice"
+  mode=ladder
+fi
+
+if [ "$mode" = speed ]; then
+  # the step-speed benchmark of the ladder sizes, alone on the GPU (after the sweep; the corpus must exist)
+  stamp "step speed"
+  "$PY" benchmarks/ladder_speed.py --out "$OUT/ladder_speed.json" --models ${SPEED_MODELS:-llama_1m,llama_3m,llama_7m} \
+    --configs ${SPEED_CONFIGS:-bf16:compile,bf16:graphs,fp8:graphs,quartet:compile_untraced,quartet:compile,quartet:graphs} \
+    2>&1 | tee "$OUT/ladder_speed.log" | grep -v '^{'
+  stamp "done"
+  exit 0
+fi
+
 if [ "$mode" = ladder ]; then
   # The sweep runs in its own session (setsid), so it outlives this command: a later `ladder` call on the same
   # machine finds it running and only waits for it (LADDER_WAIT s per call), then collects what finished.
@@ -91,6 +132,19 @@ if [ "$mode" = ladder ]; then
     mkdir -p "$RUNS" && tar xzf "$LADDER_RESTORE" -C "$RUNS"
     find "$RUNS/ladder_1gpu" -name state.json -exec grep -l '"running"\|"pending"' {} + 2>/dev/null \
       | while read -r f; do d=$(dirname "$f"); [ -f "$d/summary.json" ] || rm -f "$f"; done
+    # runs of an earlier version of the sweep that its plan no longer has move aside (the analysis reads the folder)
+    "$PY" - "$RUNS" <<'PYEOF'
+import sys
+from pathlib import Path
+from cluster.launch import make_plan
+root = Path(sys.argv[1]) / "ladder_1gpu"
+keep = {r.run_id for r in make_plan("ladder_1gpu", None, ["cluster.gpus=1"], sys.argv[1], with_state=False).runs}
+aside = root.parent / "ladder_1gpu_retired"
+for d in sorted(p for p in root.iterdir() if p.is_dir() and p.name not in keep):
+    aside.mkdir(exist_ok=True)
+    d.rename(aside / d.name)
+    print(f"retired (not in the sweep's plan): {d.name}")
+PYEOF
   fi
   t0=$(date +%s)
   if [ -f "$LOGS/sweep.pid" ] && kill -0 "$(cat "$LOGS/sweep.pid")" 2>/dev/null; then
@@ -123,5 +177,5 @@ if [ "$mode" = ladder ]; then
   stamp "done"
   exit 0
 fi
-echo "unknown mode $mode (wheels | calibrate | ladder)" >&2
+echo "unknown mode $mode (wheels | calibrate | session | ladder | speed)" >&2
 exit 2

@@ -6,18 +6,24 @@ from pathlib import Path
 from cluster.launch import make_plan
 from cluster.spec import expand, load_sweep
 
+#: the staircase of docs/ladder.md: D/N per size
+STAIRCASE = {"llama_1m": {"dn10", "dn20", "dn40", "dn80", "dn160"}, "llama_3m": {"dn10", "dn20", "dn40", "dn80"},
+             "llama_7m": {"dn5", "dn10", "dn20"}}
+
 
 def test_ladder_grid_sizes_budgets_precisions_and_replicates():
     spec = load_sweep("ladder_1gpu")
     runs = expand(spec)
-    assert spec.cluster == "local_gpu" and len(runs) == 27 + 18
+    assert spec.cluster == "local_gpu" and len(runs) == 36 + 24
     grid = {(r.values["model"], r.values["budget"], r.values["precision"]) for r in runs}
-    assert len(grid) == 27
-    assert {p for _, _, p in grid} == {"bf16", "fp8", "quartet"}
-    # three seeds (0, 1, 2) at three cells, for every precision, each replicate with its own data order
+    assert {(m, b) for m, b, _ in grid} == {(m, b) for m, bs in STAIRCASE.items() for b in bs}
+    assert len(grid) == 36 and {p for _, _, p in grid} == {"bf16", "fp8", "quartet"}
+    # three seeds (0, 1, 2) at four cells -- a short and a long budget at the smallest size -- for every
+    # precision, each replicate with its own data order
     reps = [r for r in runs if r.values.get("run.seed", 0) != 0]
     cells = {(r.values["model"], r.values["budget"]) for r in reps}
-    assert len(cells) == 3 and len(reps) == 18
+    assert cells == {("llama_1m", "dn10"), ("llama_1m", "dn40"), ("llama_3m", "dn10"), ("llama_7m", "dn5")}
+    assert len(reps) == 24
     for cell in cells:
         for prec in ("bf16", "fp8", "quartet"):
             seeds = {(r.values["run.seed"], r.values["run.data_seed"]) for r in reps
@@ -31,8 +37,27 @@ def test_ladder_plan_spans_sizes_and_budgets_on_a_faked_gpu(tmp_path: Path):
     sizes = sorted({r.n_params for r in plan.runs})
     ratios = sorted({round(r.tokens / r.n_params) for r in plan.runs})
     assert len(sizes) == 3 and 1e6 <= sizes[0] and sizes[-1] <= 5e7
-    assert len(ratios) == 3 and ratios[-1] / ratios[0] >= 4
-    # every run compiles on CUDA and reads the offline code corpus
+    assert ratios == [5, 10, 20, 40, 80, 160]
+    # every run has >= 500 optimizer updates, is compiled and replayed as CUDA graphs on CUDA, and reads the
+    # offline code corpus
     for r in plan.runs:
-        assert r.cfg.run.compile and r.cfg.run.device == "cuda" and r.cfg.data.source == "code"
+        assert r.steps >= 500, (r.run_id, r.steps)
+        assert r.cfg.run.compile and r.cfg.run.compile_mode == "reduce-overhead" and r.cfg.run.device == "cuda"
+        assert r.cfg.data.source == "code"
     assert "1 GPU x 6 runs at once" in plan.runs[0].resources.describe(plan.profile)
+
+
+def test_first_ladder_runs_keep_their_ids():
+    """The committed runs of the first ladder (D/N 5-20, compiled without CUDA graphs) are runs of this sweep:
+    the compile mode is not part of a run's identity, so a relaunch finds them finished instead of retraining."""
+    import csv
+
+    from cluster.launch import make_plan as plan_of
+
+    committed = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "ladder" / "losses.csv"
+    with committed.open() as f:
+        first = {row["run_id"] for row in csv.DictReader(f)}
+    plan = plan_of("ladder_1gpu", None, ["cluster.gpus=1"], "/nonexistent-runs-dir", with_state=False)
+    ids = {r.run_id for r in plan.runs}
+    kept = {i for i in first if "-dn5-" not in i or i.startswith("llama_7m")}
+    assert kept and kept <= ids
