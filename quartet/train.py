@@ -257,6 +257,8 @@ class Trainer:
             # differ per rank on purpose (each rank's micro-batches have their own global numbers).
             self.train_model = DDP(self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
                                    broadcast_buffers=False)
+        #: the compiled step is replayed as CUDA graphs (run.compile_mode=reduce-overhead)
+        self.cuda_graphs = bool(cfg.run.compile) and str(cfg.run.compile_mode) == "reduce-overhead"
         if bool(cfg.run.compile):
             # bf16, the FP8 layer and the fused Quartet layer (as registered operators) compile whole; the
             # operand-by-operand QuantLinear of other schemes runs eagerly between compiled regions.
@@ -454,11 +456,20 @@ class Trainer:
             sync = (i == len(batches) - 1) or not self.dist.enabled
             ctx = contextlib.nullcontext() if sync else self.train_model.no_sync()
             self.quant.begin_micro_batch(self.model, i)
+            if self.cuda_graphs:
+                torch.compiler.cudagraph_mark_step_begin()  # the last micro-batch's outputs are consumed
             with ctx:
                 with self._autocast():
                     loss = self.train_model(x, y)
                 (loss / len(batches)).backward()
             loss_acc += loss.detach().float()
+            if self.cuda_graphs and i < len(batches) - 1:
+                # A replayed backward writes the gradients into its graph's own memory, and the next micro-batch's
+                # replay would overwrite them while they are still being accumulated (torch raises "accessing
+                # tensor output of CUDAGraphs that has been overwritten"): move them out first.
+                for p in self.model.parameters():
+                    if p.grad is not None:
+                        p.grad = p.grad.clone()
         loss_mean = qdist.all_reduce_mean(loss_acc / len(batches), self.dist)
         clip = float(self.cfg.optim.grad_clip)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip if clip > 0 else float("inf"))

@@ -105,9 +105,13 @@ def test_bf16_and_fp8_models_train_in_cuda_graphs_like_eager(precision):
             Q.set_step(model, step)
             for i, tokens in enumerate(batches):
                 Q.begin_micro_batch(model, i)
+                torch.compiler.cudagraph_mark_step_begin()  # as the trainer: the last micro-batch's outputs are used
                 with torch.autocast("cuda", dtype=torch.bfloat16):
                     loss = run(tokens[:, :-1], tokens[:, 1:])
                 (loss / 2).backward()
+                if i == 0:  # as the trainer: a replay would overwrite the graph-owned gradients being accumulated
+                    for p in model.parameters():
+                        p.grad = p.grad.clone() if p.grad is not None else None
                 curves[name].append(loss.item())
             opt.step()
             opt.zero_grad(set_to_none=True)
