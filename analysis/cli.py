@@ -24,6 +24,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--at-n", type=float, default=None, help="model size for the headline (default: largest base N)")
     p.add_argument("--at-ratio", type=float, default=None,
                    help="D/N for the headline (default: median D/N of the baseline runs; 100 for --paper)")
+    p.add_argument("--replicates", choices=("mean", "all"), default="mean",
+                   help="seed replicates of one (N, D, precision) cell: fit their mean as one point (default) or "
+                        "every run as its own point")
     p.add_argument("-v", "--verbose", action="store_true", help="log dropped runs and fit details")
 
 
@@ -36,7 +39,7 @@ def _load_and_fit(args):
     df = load("paper" if args.paper else args.source)
     sel = None if args.selections == "none" else args.selections
     report = fit_all(df, args.law, bootstrap=args.bootstrap, seed=args.seed, selections=sel, at_n=args.at_n,
-                     at_ratio=args.at_ratio, progress=args.bootstrap > 0)
+                     at_ratio=args.at_ratio, progress=args.bootstrap > 0, replicates=args.replicates)
     return df, report
 
 
@@ -53,7 +56,12 @@ def print_report(report, console=None) -> None:
     console = console or (Console() if sys.stdout.isatty() else Console(width=150))
     b = report.base
     boot = bool(report.base_intervals)
-    t = Table(title=f"Base law ({b.law}), {b.n_points} runs", title_justify="left")
+    opts = report.provenance.get("options", {})
+    averaged = opts.get("runs", 0) > opts.get("points", 0)
+    if averaged:
+        console.print(f"seed replicates averaged: {opts['runs']} runs -> {opts['points']} (N, D, precision) cells, "
+                      f"one point each (--replicates all: every run a point)")
+    t = Table(title=f"Base law ({b.law}), {b.n_points} {'cells' if averaged else 'runs'}", title_justify="left")
     for col in ("parameter", "value", "95% interval", "note"):
         t.add_column(col)
     for name, val in b.params.items():
@@ -100,18 +108,39 @@ def fit_main(argv: list[str] | None = None) -> int:
                                 "L = (A/(N·effN)^α + B/(D·effD)^β)^γ + E to finished runs or a loss table.")
     _common(p)
     p.add_argument("--json", type=Path, default=None, metavar="OUT", help="write the report as JSON")
+    p.add_argument("--profile-e", action="store_true",
+                   help="also refit at E fixed on a grid: do the efficiencies depend on the irreducible loss?")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.ERROR, format="%(levelname)s %(message)s")
     try:
-        _, report = _load_and_fit(args)
+        df, report = _load_and_fit(args)
+        print_report(report)
+        if args.profile_e:
+            _print_profile(df, args)
     except AnalysisError as exc:
         print(f"quartet fit: {exc}", file=sys.stderr)
         return 2
-    print_report(report)
     if args.json:
         report.to_json(args.json)
         print(f"wrote {args.json}")
     return 0
+
+
+def _print_profile(df, args) -> None:
+    from analysis.report import e_profile, profile_ranges
+
+    prof = e_profile(df, args.law, replicates=args.replicates)
+    cols = [c for c in prof.columns if c not in ("cost",)]
+    print(f"\nprofile over E ({args.law}; admissible = base fit's RMS log residual within the pooled seed noise "
+          f"{prof.attrs.get('seed_noise_log', float('nan')):.4f}):")
+    print(prof[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    ranges = profile_ranges(prof)
+    if ranges:
+        lo, hi = ranges["E"]
+        for label, r in ranges.items():
+            if label != "E":
+                print(f"• over E in [{lo:.3g}, {hi:.3g}]: {label} effN {r['eff_n'][0]:.3f}-{r['eff_n'][1]:.3f}, "
+                      f"effD {r['eff_d'][0]:.3f}-{r['eff_d'][1]:.3f} (point estimates)")
 
 
 def figures_main(argv: list[str] | None = None) -> int:

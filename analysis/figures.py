@@ -293,7 +293,8 @@ def plot_ladder_gaps(gaps: pd.DataFrame, out_dir: Path) -> list[Path]:
     ax.axhline(0, color="k", lw=0.8)
     ax.set_xticks(x, labels, fontsize=7)
     ax.set_ylabel("loss gap to baseline (nats)")
-    ax.set_title("gap per cell (bars) vs ±1 sd paired-gap seed noise of that size (grey)", fontsize=9)
+    ax.set_title("gap per cell (bars) vs ±1 sd paired-gap seed noise of that size at the nearest replicated budget "
+                 "(grey)", fontsize=9)
     ax.legend(fontsize=8)
     return _save(fig, out_dir, "ladder_gaps")
 
@@ -309,13 +310,15 @@ def plot_training_curves(runs: pd.DataFrame, out_dir: Path) -> list[Path]:
     for ax, n in zip(axes.ravel(), sizes):
         rows = runs[runs["n_params"] == n]
         top = rows[(rows["tokens"] == rows["tokens"].max()) & (rows["seed"] == rows["seed"].min())]
-        for i, prec in enumerate(precs):
+        # the baseline drawn last, on top: the other precisions' curves often lie right on it
+        for i, prec in sorted(enumerate(precs), key=lambda t: t[1] == "bf16"):
             sel = top[top["precision"] == prec]
             if sel.empty:
                 continue
             curve = load_curve(sel.iloc[0])
             curve = curve[curve["loss"].notna()] if "loss" in curve.columns else curve.iloc[0:0]
-            ax.plot(curve["tokens"], curve["loss"], color=_precision_color(prec, i), lw=1.0, label=prec)
+            ax.plot(curve["tokens"], curve["loss"], color=_precision_color(prec, i), lw=1.0,
+                    alpha=1.0 if prec == "bf16" else 0.8, label=prec)
             ax.scatter([sel.iloc[0]["tokens"]], [sel.iloc[0]["loss"]], color=_precision_color(prec, i), s=18,
                        zorder=3, marker="D")
         ax.set_xscale("log")
@@ -326,3 +329,72 @@ def plot_training_curves(runs: pd.DataFrame, out_dir: Path) -> list[Path]:
         ax.set_title(f"{rows['model'].iloc[0]} (N = {_fmt_n(n)}), D/N {top['tokens'].max() / n:.0f}", fontsize=9)
         ax.legend(fontsize=7)
     return _save(fig, out_dir, "ladder_curves")
+
+
+def plot_e_profile(profile: pd.DataFrame, out_dir: Path) -> list[Path]:
+    """The fit profiled over the irreducible loss (``analysis.report.e_profile``): left, each precision's effN
+    (solid) and effD (dashed) refitted at every fixed E; right, the base fit's RMS log residual against the
+    pooled seed noise. Shaded: the E the data cannot reject (residuals within the noise)."""
+    noise = profile.attrs.get("seed_noise_log", float("nan"))
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    schemes = [c[: -len("_effN")] for c in profile.columns if c.endswith("_effN")]
+    for i, label in enumerate(schemes):
+        color = _precision_color(label, i)
+        ax.plot(profile["E"], profile[f"{label}_effN"], color=color, marker="o", ms=3, lw=1.2, label=f"{label} effN")
+        ax.plot(profile["E"], profile[f"{label}_effD"], color=color, ls="--", lw=1.0, label=f"{label} effD")
+    ax.axhline(1.0, color="k", lw=0.6)
+    ax2.plot(profile["E"], profile["rms_log_residual"], color="k", marker="o", ms=3, lw=1.2, label="base fit")
+    if np.isfinite(noise):
+        ax2.axhline(noise, color="0.4", ls=":", label=f"seed noise {noise:.3f}")
+    ok = profile[profile["admissible"] == True]  # noqa: E712
+    if not ok.empty:
+        for a in (ax, ax2):
+            a.axvspan(ok["E"].min(), ok["E"].max(), color="tab:green", alpha=0.08, lw=0)
+    ax.set_xlabel("irreducible loss E (fixed)")
+    ax.set_ylabel("efficiency")
+    ax.set_title("efficiencies refitted at each E (shaded: E the data admit)", fontsize=9)
+    ax.legend(fontsize=7, ncol=2)
+    ax2.set_xlabel("irreducible loss E (fixed)")
+    ax2.set_ylabel("RMS log residual of the base fit")
+    ax2.set_title("base fit quality vs E", fontsize=9)
+    ax2.legend(fontsize=7)
+    fig.tight_layout()
+    return _save(fig, out_dir, "ladder_e_profile")
+
+
+def plot_seed_curves(runs: pd.DataFrame, out_dir: Path) -> list[Path]:
+    """Training loss vs tokens of every seed at each replicated cell (one panel per cell; colour = seed, line
+    style = precision; a 5-row rolling mean): where seed noise comes from — e.g. a plateau whose end moves from
+    seed to seed."""
+    from matplotlib.ticker import NullFormatter
+
+    from analysis.load import load_curve
+
+    reps = runs.groupby(["model", "n_params", "tokens"])["seed"].nunique()
+    cells = sorted(reps[reps >= 2].index, key=lambda c: (c[1], c[2]))
+    if not cells:
+        return []
+    fig, axes = plt.subplots(1, len(cells), figsize=(4.0 * len(cells), 3.6), squeeze=False)
+    precs = sorted(runs["precision"].unique(), key=lambda p: (p != "bf16", p))
+    styles = ["-", "--", ":", "-."]
+    for ax, (model, n, d) in zip(axes.ravel(), cells):
+        rows = runs[(runs["n_params"] == n) & (runs["tokens"] == d)]
+        seeds = sorted(rows["seed"].unique())
+        for _, run in rows.iterrows():
+            curve = load_curve(run)
+            curve = curve[curve["loss"].notna()] if "loss" in curve.columns else curve.iloc[0:0]
+            k, j = seeds.index(run["seed"]), precs.index(run["precision"])
+            ax.plot(curve["tokens"], curve["loss"].rolling(5, min_periods=1).mean(), color=plt.get_cmap("tab10")(k),
+                    lw=0.9, ls=styles[j % len(styles)], label=f"{run['precision']} seed {int(run['seed'])}")
+        ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlim(left=d / 30)
+        ax.set_ylim(top=min(ax.get_ylim()[1], float(rows["loss"].max()) * 1.8))
+        ax.set_xlabel("tokens")
+        ax.set_ylabel("training loss (5-row rolling mean)")
+        ax.set_title(f"{model}, D/N {d / n:.0f}: {len(seeds)} seeds (colour) x precision (line style)", fontsize=8)
+        handles, labels = ax.get_legend_handles_labels()
+        order = sorted(range(len(labels)), key=lambda i: labels[i])
+        ax.legend([handles[i] for i in order], [labels[i] for i in order], fontsize=6, ncol=3)
+    fig.tight_layout()
+    return _save(fig, out_dir, "ladder_seed_curves")

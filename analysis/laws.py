@@ -103,8 +103,9 @@ def get_law(name: str) -> Law:
 def raw_to_params(raw: np.ndarray) -> dict[str, float]:
     """θ = (a, α, b, β, e, γ) → {"A", "alpha", "B", "beta", "E", "gamma"} (natural scale)."""
     a, alpha, b, beta, e, gamma = (float(x) for x in raw)
-    return {"A": float(np.exp(a)), "alpha": alpha, "B": float(np.exp(b)), "beta": beta,
-            "E": float(np.exp(e)), "gamma": gamma}
+    with np.errstate(over="ignore"):  # a degenerate fit's log-scale may be huge: A = inf says so plainly
+        return {"A": float(np.exp(a)), "alpha": alpha, "B": float(np.exp(b)), "beta": beta,
+                "E": float(np.exp(e)), "gamma": gamma}
 
 
 def params_to_raw(p: dict[str, float]) -> np.ndarray:

@@ -1,7 +1,8 @@
 """One call from a tidy DataFrame to everything a user asks of a fit: :func:`fit_all` → :class:`FitReport`.
 
 The report holds the stage-1 base fit, a stage-2 efficiency fit per precision, bootstrap intervals
-(resampling runs, refitting base and efficiencies together so the base's uncertainty propagates),
+(resampling runs — whole cells, every precision together, when the design is paired — and refitting base
+and efficiencies together so the base's uncertainty propagates),
 leave-largest-model-out and leave-largest-budget-out forecast errors, the headline per precision,
 the dropped runs with reasons and the provenance (inputs, code version, law, options).
 """
@@ -19,7 +20,10 @@ import numpy as np
 import pandas as pd
 
 from analysis.errors import AnalysisError
-from analysis.fit import BaseFit, EffFit, HUBER_DELTA, fit_base, fit_efficiency, scheme_kind
+import dataclasses
+
+from analysis.fit import (E_FLOOR_FRACTION, EFF_BOUNDS, EXPONENT_BOX, BaseFit, EffFit, HUBER_DELTA, fit_base,
+                          fit_efficiency, scheme_kind)
 from analysis.laws import PARAM_NAMES, get_law, predict
 from analysis.load import BASE_LABEL
 from analysis.speed import headline
@@ -168,10 +172,78 @@ def _forecast(name: str, base: pd.DataFrame, held_mask: np.ndarray, law, delta: 
     return Forecast(name, ids, len(train), float(rel.mean()), float(rel.max()), fit.status, fit.message)
 
 
+#: the columns that name one cell of one precision: rows sharing them are replicates (seeds)
+CELL_KEYS = ("n_params", "tokens", "forward", "backward", "precision")
+REPLICATE_MODES = ("mean", "all")
+
+
+def average_replicates(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per (N, D, precision) cell: the mean loss of its replicates (seeds), ``seeds`` = how many,
+    ``run_id`` = their ids joined by ``+``. Each design point then weighs once in the fit, as in a grid of
+    single runs, and a bootstrap resamples cells rather than counting one cell's seeds as independent points."""
+    if not df.duplicated(list(CELL_KEYS)).any():
+        return df
+    keys = list(CELL_KEYS)
+    out = (df.groupby(keys, sort=False, dropna=False)
+           .agg(loss=("loss", "mean"), seeds=("loss", "size"), run_id=("run_id", lambda r: "+".join(map(str, r))),
+                **{c: (c, "first") for c in df.columns if c not in keys + ["loss", "run_id", "seed", "seeds"]})
+           .reset_index())
+    out.attrs = dict(df.attrs)
+    return out
+
+
+def _paired_cells(base_df: pd.DataFrame, groups) -> list | None:
+    """The base's (N, D) cells if every precision was run on a subset of them once per cell (a paired
+    design), else None."""
+    cells = list(dict.fromkeys(zip(base_df["n_params"], base_df["tokens"])))
+    if len(cells) != len(base_df):
+        return None
+    known = set(cells)
+    for _label, _fw, _bw, _kind, rows in groups:
+        own = list(zip(rows["n_params"], rows["tokens"]))
+        if len(set(own)) != len(own) or not set(own) <= known:
+            return None
+    return cells
+
+
+def _interval_checks(base: BaseFit, effs: list, base_int: dict, eff_int: dict, min_loss: float):
+    """Flag what the bootstrap shows the point estimates hide: E's interval reaching its bound 0, an exponent's
+    interval leaving the plausible box, an efficiency's interval reaching its bounds. Efficiencies fitted on a
+    flagged base inherit its status."""
+    if base.status == "converged" and base_int:
+        lo_box, hi_box = EXPONENT_BOX
+        reasons = []
+        if "e" in base.free and "E" in base_int and base_int["E"][0] < E_FLOOR_FRACTION * min_loss:
+            reasons.append(f"E's 95% bootstrap interval [{base_int['E'][0]:.3g}, {base_int['E'][1]:.3g}] reaches its "
+                           f"lower bound 0: the data do not pin the irreducible loss down")
+        for name in ("alpha", "beta", "gamma"):
+            if name in base.free and name in base_int:
+                lo, hi = base_int[name]
+                if lo < lo_box or hi > hi_box:
+                    reasons.append(f"{name}'s 95% bootstrap interval [{lo:.3g}, {hi:.3g}] leaves the plausible "
+                                   f"range [{lo_box}, {hi_box}]")
+        if reasons:
+            base = dataclasses.replace(base, status="hit_bound", message="; ".join(reasons))
+    out = []
+    for e in effs:
+        ints = eff_int.get(e.scheme, {})
+        if e.status == "converged":
+            touching = [k for k, fits in (("eff_n", e.fits_n), ("eff_d", e.fits_d)) if fits and k in ints
+                        and (ints[k][0] <= EFF_BOUNDS[0] * 1.01 or ints[k][1] >= EFF_BOUNDS[1] * 0.99)]
+            if touching:
+                e = dataclasses.replace(e, status="hit_bound", message=(
+                    f"the 95% bootstrap interval of {' and '.join(touching)} reaches its bound {EFF_BOUNDS}"))
+            elif base.status != "converged":
+                e = dataclasses.replace(e, status=base.status, message=(
+                    f"inherited from the base fit ({base.status}: {base.message})"))
+        out.append(e)
+    return base, out
+
+
 def fit_all(df: pd.DataFrame, law: str = "busbridge", *, bootstrap: int = 0, seed: int = 0,
             selections: dict | str | None = "auto", base_label: str = BASE_LABEL, delta: float = HUBER_DELTA,
             at_n: float | None = None, at_ratio: float | None = None, forecasts: bool = True,
-            progress: bool = False) -> FitReport:
+            progress: bool = False, replicates: str = "mean") -> FitReport:
     """Fit the base law and every precision's efficiencies; bootstrap, forecasts, headlines, provenance.
 
     ``selections``: ``"auto"`` applies :data:`PAPER_SELECTIONS` to the bundled paper grid only,
@@ -179,8 +251,14 @@ def fit_all(df: pd.DataFrame, law: str = "busbridge", *, bootstrap: int = 0, see
     ``at_n`` / ``at_ratio``: where the headline's break-even speedup is evaluated (default: the largest
     base model at the median D/N of the base runs, rounded to 2 significant digits — 100 for the
     paper's grid — so the headline stays inside the data's budget range).
+    ``replicates``: ``"mean"`` fits one point per (N, D, precision) cell, the mean over its seeds
+    (:func:`average_replicates`); ``"all"`` fits every run as its own point.
+    The bootstrap resamples whole cells — the base run and every precision's run of a cell together — when
+    the design is paired (every precision run once on the base's cells), else each precision's runs apart.
     """
     t0 = time.perf_counter()
+    if replicates not in REPLICATE_MODES:
+        raise AnalysisError(f"replicates must be one of {', '.join(REPLICATE_MODES)} (got {replicates!r})")
     lw = get_law(law)
     missing = [c for c in ("n_params", "tokens", "forward", "backward", "loss") if c not in df.columns]
     if missing:
@@ -191,6 +269,9 @@ def fit_all(df: pd.DataFrame, law: str = "busbridge", *, bootstrap: int = 0, see
         df = df.assign(run_id=[f"row{i}" for i in range(len(df))])
     if "precision" not in df.columns:
         df = df.assign(precision=np.nan)
+    n_runs = len(df)
+    if replicates == "mean":
+        df = average_replicates(df.assign(precision=df["precision"].fillna("")))
     prov_in = dict(df.attrs.get("provenance", {}))
     if selections == "auto":
         selections = PAPER_SELECTIONS if prov_in.get("kind") == "paper" else None
@@ -215,7 +296,7 @@ def fit_all(df: pd.DataFrame, law: str = "busbridge", *, bootstrap: int = 0, see
             effs.append(EffFit(label, fw, bw, kind, float("nan"), float("nan"), float("nan"), len(rows),
                                "too_few_points", str(exc), tuple(rows["run_id"].astype(str))))
 
-    # ---- bootstrap over runs: resample base rows and each scheme's rows, refit everything.
+    # ---- bootstrap: resample cells (paired design) or each precision's runs apart, refit everything.
     rng = np.random.default_rng(seed)
     boot_base, boot_eff = [], {e.scheme: [] for e in effs}
     used = 0
@@ -223,8 +304,10 @@ def fit_all(df: pd.DataFrame, law: str = "busbridge", *, bootstrap: int = 0, see
     if progress and bootstrap:
         from tqdm import tqdm
 
-        it = tqdm(it, desc="bootstrap", unit="fit")
+        it = tqdm(it, desc="bootstrap", unit="fit", disable=None)  # no frames when stderr is not a terminal
     warm = np.array(base.basins)
+    cells = _paired_cells(base_df, groups)
+    by_cell = [{c: i for i, c in enumerate(zip(rows["n_params"], rows["tokens"]))} for *_, rows in groups]
     for _ in it:
         idx = rng.integers(0, len(base_df), len(base_df))
         sample = base_df.iloc[idx]
@@ -237,10 +320,16 @@ def fit_all(df: pd.DataFrame, law: str = "busbridge", *, bootstrap: int = 0, see
             continue
         used += 1
         boot_base.append([b.params[p] for p in PARAM_NAMES])
-        for e, (label, fw, bw, kind, rows) in zip(effs, groups):
+        for e, (label, fw, bw, kind, rows), pos in zip(effs, groups, by_cell):
             if not np.isfinite(e.eff_n) or len(rows) == 0:
                 continue
-            r = rows.iloc[rng.integers(0, len(rows), len(rows))]
+            if cells is not None:  # the same cells as the base sample: gaps stay paired
+                pick = [pos[cells[i]] for i in idx if cells[i] in pos]
+                if not pick:
+                    continue
+                r = rows.iloc[pick]
+            else:
+                r = rows.iloc[rng.integers(0, len(rows), len(rows))]
             try:
                 be = fit_efficiency(b, r["n_params"], r["tokens"], r["loss"], kind, delta=delta,
                                     starts=[(e.eff_n, e.eff_d)])
@@ -257,6 +346,7 @@ def fit_all(df: pd.DataFrame, law: str = "busbridge", *, bootstrap: int = 0, see
                 v = np.array(vals)
                 eff_int[label] = {"eff_n": tuple(np.percentile(v[:, 0], [2.5, 97.5])),
                                   "eff_d": tuple(np.percentile(v[:, 1], [2.5, 97.5]))}
+    base, effs = _interval_checks(base, effs, base_int, eff_int, float(base_df["loss"].min()))
     if bootstrap and used < bootstrap:
         log.info("bootstrap: %d of %d resamples were usable (others had too few distinct points)", used, bootstrap)
 
@@ -280,6 +370,8 @@ def fit_all(df: pd.DataFrame, law: str = "busbridge", *, bootstrap: int = 0, see
         "input": prov_in or {"kind": "dataframe", "run_ids": sorted(df["run_id"].astype(str))},
         "code": code_version(), "law": lw.name, "law_form": lw.description,
         "options": {"huber_delta": delta, "bootstrap": bootstrap, "seed": seed, "base_label": base_label,
+                    "replicates": replicates, "runs": n_runs, "points": len(df),
+                    "bootstrap_resamples": "cells (paired)" if cells is not None else "runs per precision",
                     "selections": {f"{k[0]}:{k[1]}": v for k, v in (selections or {}).items()},
                     "starts": int(base.multistart.n_starts), "headline_at": {"n": ref_n, "ratio": at_ratio}},
         "base_range": {"n_min": float(base_df["n_params"].min()), "n_max": float(base_df["n_params"].max()),
@@ -291,3 +383,79 @@ def fit_all(df: pd.DataFrame, law: str = "busbridge", *, bootstrap: int = 0, see
                      bootstrap={"requested": bootstrap, "used": used, "seed": seed}, forecasts=tuple(fc),
                      headlines=heads, dropped=tuple(df.attrs.get("dropped", ())), provenance=provenance,
                      seconds=time.perf_counter() - t0)
+
+
+def seed_noise_log(df: pd.DataFrame, base_label: str = BASE_LABEL) -> float:
+    """The base's run-to-run noise in log loss, pooled over its replicated cells: sqrt(mean(sd²/mean²)) over
+    cells with 2+ runs (NaN without replicates) — the scale below which a law's residuals are not evidence."""
+    b = base_rows(df, base_label)
+    g = b.groupby(["n_params", "tokens"])["loss"]
+    stats = pd.DataFrame({"n": g.size(), "sd": g.std(ddof=1), "mean": g.mean()})
+    stats = stats[stats["n"] >= 2]
+    if stats.empty:
+        return float("nan")
+    return float(np.sqrt(np.mean((stats["sd"] / stats["mean"]) ** 2)))
+
+
+def e_profile(df: pd.DataFrame, law: str = "busbridge", *, points: int = 16, base_label: str = BASE_LABEL,
+              delta: float = HUBER_DELTA, replicates: str = "mean") -> pd.DataFrame:
+    """The profile of the fit over the irreducible loss: E fixed on a grid from 0 to 0.95 × the lowest base loss,
+    every other base parameter and each precision's efficiencies refitted at each E.
+
+    When the data do not identify E (its interval reaches 0), this is the honest question: does the answer
+    depend on E? One row per E: the base fit's cost, RMS log residual, status and exponents, ``admissible``
+    (its RMS residual is within the base's pooled seed noise, :func:`seed_noise_log`, i.e. the data cannot
+    reject that E; NaN without replicates) and ``<scheme>_effN`` / ``<scheme>_effD``. The efficiencies'
+    range over the admissible rows is what the data say whatever E is (point estimates, no interval).
+    """
+    from analysis.laws import Law
+
+    lw = get_law(law)
+    noise = seed_noise_log(df, base_label)
+    if "run_id" not in df.columns:
+        df = df.assign(run_id=[f"row{i}" for i in range(len(df))])
+    if "precision" not in df.columns:
+        df = df.assign(precision=np.nan)
+    if replicates == "mean":
+        df = average_replicates(df.assign(precision=df["precision"].fillna("")))
+    base_df = base_rows(df, base_label)
+    if base_df.empty:
+        raise AnalysisError(f"no baseline rows (forward == backward == {base_label!r}) to profile")
+    groups = list(scheme_groups(df, base_label, None))
+    lmin = float(base_df["loss"].min())
+    grid = np.concatenate([[1e-6 * lmin], np.linspace(0.0, 0.95 * lmin, points)[1:]])
+    rows = []
+    for e_val in grid:
+        fixed = Law(f"{lw.name}@E", {**lw.fixed, "e": float(np.log(e_val))}, lw.description)
+        b = fit_base(base_df["n_params"], base_df["tokens"], base_df["loss"], fixed, delta=delta)
+        pred = predict(b.params, base_df["n_params"].to_numpy(), base_df["tokens"].to_numpy())
+        rms = float(np.sqrt(np.mean(np.log(base_df["loss"].to_numpy() / pred) ** 2)))
+        row = {"E": float(e_val), "cost": b.cost, "rms_log_residual": rms, "status": b.status,
+               "alpha": b.params["alpha"], "beta": b.params["beta"], "gamma": b.params["gamma"],
+               "admissible": bool(rms <= noise) if np.isfinite(noise) else np.nan}
+        for label, fw, bw, kind, r in groups:
+            try:
+                e = fit_efficiency(b, r["n_params"], r["tokens"], r["loss"], kind, delta=delta)
+                row[f"{label}_effN"], row[f"{label}_effD"] = e.eff_n, e.eff_d
+            except AnalysisError:
+                row[f"{label}_effN"] = row[f"{label}_effD"] = np.nan
+        rows.append(row)
+    out = pd.DataFrame(rows)
+    out.attrs["seed_noise_log"] = noise
+    return out
+
+
+def profile_ranges(profile: pd.DataFrame) -> dict:
+    """Each precision's effN / effD range over the admissible rows of :func:`e_profile` (all rows when
+    admissibility is unknown), with the E range they span: ``{scheme: {"eff_n": (lo, hi), "eff_d": (lo, hi)},
+    "E": (lo, hi)}``."""
+    ok = profile[profile["admissible"] == True] if profile["admissible"].notna().any() else profile  # noqa: E712
+    if ok.empty:
+        return {}
+    out: dict = {"E": (float(ok["E"].min()), float(ok["E"].max()))}
+    for col in ok.columns:
+        if col.endswith("_effN"):
+            label = col[: -len("_effN")]
+            out[label] = {"eff_n": (float(ok[col].min()), float(ok[col].max())),
+                          "eff_d": (float(ok[f"{label}_effD"].min()), float(ok[f"{label}_effD"].max()))}
+    return out

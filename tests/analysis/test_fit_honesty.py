@@ -50,3 +50,85 @@ def test_efficiencies_inherit_a_flagged_base_and_headlines_say_so():
     report = fit_all(frame_from_table(pd.DataFrame(rows)), "busbridge")
     (head,) = report.headlines
     assert head["text"].startswith("NOT A FINDING (hit_bound") and head["caveat"].startswith("hit_bound")
+
+
+def _table(cells, noise, seed, eff=(0.6, 0.95), seeds_at=(), paired=True, params=PAPER_PARAMS):
+    """A ladder-like table: bf16 and a joint-efficiency scheme 'q' on the same (N, D) cells; the cell's run noise
+    is shared by both precisions when ``paired`` (same seed, same data order), plus extra seeds at ``seeds_at``."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for n, d in cells:
+        for s in range(3 if (n, d) in seeds_at else 1):
+            z = rng.normal(0, noise)
+            zq = z if paired else rng.normal(0, noise)
+            rows.append({"n_params": n, "tokens": d, "forward": "bf16", "backward": "bf16", "seed": s,
+                         "loss": float(predict(params, n, d)) * np.exp(z)})
+            rows.append({"n_params": n, "tokens": d, "forward": "quest", "backward": "rtn", "precision": "q", "seed": s,
+                         "loss": float(predict(params, n, d, *eff)) * np.exp(zq + rng.normal(0, noise / 10))})
+    return frame_from_table(pd.DataFrame(rows))
+
+
+PAPER_CELLS = [(n, n * r) for n in (3e7, 5e7, 1e8, 2e8) for r in (25, 50, 100, 200)]
+
+
+def test_seed_replicates_are_averaged_into_one_point_per_cell():
+    from analysis.report import average_replicates
+
+    df = _table(PAPER_CELLS, 0.004, 0, seeds_at=PAPER_CELLS[:2])
+    assert len(df) == 2 * (16 + 2 * 2)
+    avg = average_replicates(df)
+    assert len(avg) == 32 and avg["seeds"].max() == 3
+    first = df[(df["n_params"] == 3e7) & (df["tokens"] == 3e7 * 25) & (df["forward"] == "bf16")]
+    row = avg[(avg["n_params"] == 3e7) & (avg["tokens"] == 3e7 * 25) & (avg["forward"] == "bf16")].iloc[0]
+    assert row["loss"] == np.mean(first["loss"]) and row["run_id"].count("+") == 2
+    assert average_replicates(avg) is avg  # nothing left to average
+    rep_mean, rep_all = fit_all(df, "busbridge"), fit_all(df, "busbridge", replicates="all")
+    assert rep_mean.base.n_points == 16 and rep_all.base.n_points == 20
+    assert rep_mean.provenance["options"]["runs"] == 40 and rep_mean.provenance["options"]["points"] == 32
+
+
+def test_paired_design_bootstraps_cells_and_gets_the_narrower_interval():
+    """Runs of a cell share their noise across precisions: resampling whole cells keeps the gaps paired, so the
+    efficiency interval is narrower than resampling each precision's runs apart (and still covers the truth)."""
+    paired = fit_all(_table(PAPER_CELLS, 0.01, 3), "busbridge", bootstrap=40, seed=1)
+    assert paired.provenance["options"]["bootstrap_resamples"] == "cells (paired)"
+    # a scheme with a cell the base lacks is not a paired design
+    apart_df = _table(PAPER_CELLS, 0.01, 3)
+    extra = apart_df[apart_df["precision"] == "q"].iloc[[0]].assign(tokens=1.234e10, run_id="extra")
+    apart = fit_all(pd.concat([apart_df, extra]), "busbridge", bootstrap=40, seed=1)
+    assert apart.provenance["options"]["bootstrap_resamples"] == "runs per precision"
+    lo, hi = paired.eff_intervals["q"]["eff_n"]
+    lo2, hi2 = apart.eff_intervals["q"]["eff_n"]
+    assert lo <= 0.6 <= hi and hi - lo < hi2 - lo2
+
+
+def test_a_bootstrap_interval_reaching_a_bound_flags_the_fit():
+    """A point estimate can look converged while its bootstrap says E could be 0 (too narrow a range of N)."""
+    cells = [(n, n * r) for n in (1e6, 2e6, 4e6, 8e6) for r in (10, 20, 40, 80)]
+    table = _table(cells, 0.01, 1)  # a planted floor E = 1.35, but N spans only 8x at 1% noise
+    assert fit_all(table, "busbridge").base.status == "converged"  # the point estimate alone looks fine
+    report = fit_all(table, "busbridge", bootstrap=30, seed=0)
+    assert report.base.status == "hit_bound"
+    assert "E's 95% bootstrap interval" in report.base.message and "reaches its lower bound 0" in report.base.message
+    assert all(e.status == "hit_bound" and e.message.startswith("inherited") for e in report.efficiencies)
+    assert report.headlines[0]["text"].startswith("NOT A FINDING")
+    # a well-identified fit keeps its status
+    good = fit_all(_table(PAPER_CELLS, 0.002, 6), "busbridge", bootstrap=30, seed=0)
+    assert good.base.status == "converged" and good.eff("q").status == "converged"
+
+
+def test_e_profile_finds_the_efficiencies_whatever_e_is():
+    """The profile refits at fixed E; the data's seed noise decides which E are admissible; the planted
+    efficiency is recovered across them."""
+    from analysis.report import e_profile, profile_ranges, seed_noise_log
+
+    df = _table(PAPER_CELLS, 0.004, 7, seeds_at=PAPER_CELLS[::5])
+    noise = seed_noise_log(df)
+    assert 0.001 < noise < 0.01
+    prof = e_profile(df, points=8)
+    assert len(prof) == 8 and prof["E"].iloc[0] > 0 and {"q_effN", "q_effD", "admissible"} <= set(prof.columns)
+    assert prof["admissible"].any() and not prof["admissible"].all()  # a planted floor: far-off E are rejected
+    r = profile_ranges(prof)
+    assert r["E"][0] <= PAPER_PARAMS["E"] <= r["E"][1] + 0.2
+    assert abs(np.median(prof.loc[prof["admissible"], "q_effN"]) - 0.6) < 0.1
+    assert np.isnan(seed_noise_log(_table(PAPER_CELLS, 0.004, 7)))  # no replicates, no noise estimate

@@ -55,6 +55,7 @@ def test_noise_and_verdicts_follow_the_planted_gap():
     assert (qg["verdict"] == "above noise").all() and (qg["margin"] > 0).all()
     # m4 has no replicated cell: judged against the largest noise measured at any size
     assert set(qg[qg["model"] == "m4"]["noise_from"]) == {"largest of all sizes"}
+    assert set(qg[qg["model"] == "m1"]["noise_from"]) == {"this size, D/N 10"}
     none = cell_gaps(planted(gap_q=0.0, seed_sd=0.02))
     assert not (none[none["precision"] == "quartet"]["verdict"] == "above noise").all()
 
@@ -83,18 +84,56 @@ def test_write_report_files(tmp_path):
 
 def test_committed_ladder_tables_agree_with_its_loss_table():
     """The GPU ladder's committed files are one consistent result: losses.csv -> gaps.csv, and
-    `quartet fit benchmarks/results/ladder/losses.csv` reproduces the committed fit.json (point estimates)."""
+    `quartet fit benchmarks/results/ladder/losses.csv --bootstrap 200` reproduces the committed fit.json."""
     table = pd.read_csv(LADDER / "losses.csv")
-    assert len(table) == 45 and set(table["precision"]) == {"bf16", "fp8", "quartet"}
+    assert len(table) == 60 and set(table["precision"]) == {"bf16", "fp8", "quartet"}
+    assert (table["steps"] >= 500).all()
     gaps = cell_gaps(loss_table(load_table(LADDER / "losses.csv")))
     committed = pd.read_csv(LADDER / "gaps.csv")
     assert np.allclose(gaps["gap"], committed["gap"]) and list(gaps["verdict"]) == list(committed["verdict"])
     fit = json.loads((LADDER / "fit.json").read_text())
-    report = fit_all(load_table(LADDER / "losses.csv"), "busbridge")
-    assert report.base.status == fit["base"]["status"]
+    boot = fit["bootstrap"]
+    report = fit_all(load_table(LADDER / "losses.csv"), "busbridge", bootstrap=boot["requested"], seed=boot["seed"])
+    assert (report.base.status, report.base.message) == (fit["base"]["status"], fit["base"]["message"])
     for name, value in fit["base"]["params"].items():
-        assert report.base.params[name] == pytest.approx(value, rel=1e-6), name
+        assert report.base.params[name] == pytest.approx(value, rel=1e-4), name
+    for name, (lo, hi) in fit["base"]["intervals"].items():  # percentiles of 200 refits: looser
+        assert report.base_intervals[name] == pytest.approx((lo, hi), rel=0.05, abs=1e-6), name
     for e in report.efficiencies:
         saved = next(x for x in fit["efficiencies"] if x["scheme"] == e.scheme)
-        assert (e.eff_n, e.eff_d, e.status) == (pytest.approx(saved["eff_n"], rel=1e-6),
-                                                pytest.approx(saved["eff_d"], rel=1e-6), saved["status"])
+        assert (e.eff_n, e.eff_d, e.status) == (pytest.approx(saved["eff_n"], rel=1e-4),
+                                                pytest.approx(saved["eff_d"], rel=1e-4), saved["status"])
+        assert report.eff_intervals[e.scheme]["eff_n"] == pytest.approx(saved["eff_n_interval"], rel=0.05)
+
+
+def test_committed_e_profile_agrees_with_its_loss_table():
+    """e_profile.csv (the fit refitted at fixed E) is what analysis.report.e_profile computes from losses.csv."""
+    from analysis.report import e_profile
+
+    committed = pd.read_csv(LADDER / "e_profile.csv")
+    prof = e_profile(load_table(LADDER / "losses.csv"))
+    assert list(prof["admissible"]) == list(committed["admissible"])
+    for col in ("E", "rms_log_residual", "quartet_effN", "quartet_effD", "fp8_effN"):
+        assert np.allclose(prof[col], committed[col], rtol=1e-3), col
+
+
+def test_noise_is_taken_at_the_nearest_replicated_budget_of_the_size():
+    """Noise shrinks with training: a cell is judged by the replicated budget of its size nearest in log D."""
+    df = planted(reps=((1e6, 10), (1e6, 40)), seed_sd=0.02)
+    # make the long budget's seeds agree closely: its paired-gap noise becomes small
+    long = (df["n_params"] == 1e6) & (df["tokens"] == 4e7)
+    df.loc[long & (df["precision"] == "quartet"), "loss"] = df.loc[long & (df["precision"] == "bf16"), "loss"].values + 0.1
+    gaps = cell_gaps(df)
+    q = gaps[(gaps["precision"] == "quartet") & (gaps["model"] == "m1")].set_index("tokens")
+    assert q.loc[4e7, "noise_from"] == "this size, D/N 40" and q.loc[1e7, "noise_from"] == "this size, D/N 10"
+    assert q.loc[4e7, "noise_sd"] < 1e-9 < q.loc[1e7, "noise_sd"]
+
+
+def test_sign_test_counts_cells_and_gives_the_binomial_p_value():
+    from analysis.ladder import sign_test
+
+    gaps = pd.DataFrame({"precision": ["q"] * 12 + ["f"] * 12,
+                         "gap": [0.1] * 12 + [0.01] * 9 + [-0.01] * 3})
+    t = sign_test(gaps).set_index("precision")
+    assert t.loc["q", "worse_than_base"] == 12 and t.loc["q", "p_two_sided"] == pytest.approx(2 / 4096)
+    assert t.loc["f", "worse_than_base"] == 9 and t.loc["f", "p_two_sided"] == pytest.approx(2 * 299 / 4096)
