@@ -95,13 +95,14 @@ if [ "$mode" = session ]; then
       -m "slow or not slow" -rfE > "$OUT/gpu_tests.txt" 2>&1; echo "exit $? at $(date -u +%H:%M:%S)" >> "$OUT/gpu_tests.txt" ) &
   tests_pid=$!
   prepare_data
+  prepared=1
   wait $tests_pid
   stamp "GPU tests: $(tail -2 "$OUT/gpu_tests.txt" | tr '\n' ' ')"
   choice=$("$PY" - "$OUT/gpu_tests.txt" <<'PYEOF'
 import sys
 failed = [ln for ln in open(sys.argv[1]).read().splitlines() if ln.startswith(("FAILED", "ERROR"))]
 args = []
-if any("traceable" in ln for ln in failed):
+if any("traceable" in ln for ln in failed):  # the traced fused layer, or any model in CUDA graphs, failed
     args.append("sweep.fixed.run.compile_fused=false")
 if any("graphs" in ln for ln in failed):
     args.append("sweep.fixed.run.compile_mode=default")
@@ -150,7 +151,7 @@ PYEOF
   if [ -f "$LOGS/sweep.pid" ] && kill -0 "$(cat "$LOGS/sweep.pid")" 2>/dev/null; then
     stamp "the sweep is already running (pid $(cat "$LOGS/sweep.pid")); waiting for it"
   else
-    prepare_data
+    [ "${prepared:-0}" = 1 ] || prepare_data
     stamp "sweep: quartet sweep ladder_1gpu --cluster local_gpu ${SWEEP_ARGS:-}"
     date +%s > "$LOGS/sweep.start"
     rm -f "$LOGS/sweep.pid"

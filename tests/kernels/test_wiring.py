@@ -228,18 +228,22 @@ def test_traceable_fused_model_compiles_as_one_graph(triton_backend):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(DEV != "cuda", reason="CUDA graphs need a GPU")
-def test_traceable_quartet_model_trains_in_cuda_graphs_like_the_eager_model():
-    """run.compile_mode=reduce-overhead on the GPU's fused layer: the compiled model is captured (no cudagraph
-    skip, no graph break), replays read each micro-batch's fresh draws, and three optimizer steps of two
-    micro-batches follow the eager fused model (the compiled non-quantized ops may round differently)."""
+@pytest.mark.parametrize("precision,tol", [("quartet", 2e-3), ("bf16", 5e-3), ("fp8", 5e-3)])
+def test_traceable_models_train_in_cuda_graphs_like_the_eager_model(precision, tol):
+    """run.compile_mode=reduce-overhead for the ladder's precisions: the compiled model is captured (no cudagraph
+    skip; for quartet's traced fused layer no graph break either), replays read each micro-batch's fresh draws,
+    and three optimizer steps of two micro-batches, accumulated the way the trainer does it, follow the eager
+    model (quartet: the eager fused layer). The compiled non-quantized ops may round differently; fp8's compiled
+    x/s may move a code by one FP8 step."""
     from torch._dynamo.utils import counters
 
     torch.manual_seed(0)
     base = Llama(2, 256, 4, 512, 128, ffn_multiple_of=256).to(DEV)
     eager, traced = copy.deepcopy(base), copy.deepcopy(base)
-    Q.apply_precision(eager, PrecisionConfig(name="quartet"), seed=3, device=DEV)
-    plan = Q.apply_precision(traced, PrecisionConfig(name="quartet"), seed=3, device=DEV, traceable=True)
-    assert plan.traceable and plan.backend in ("hopper_fp8", "blackwell_mxfp4", "triton")
+    cfg = PrecisionConfig(name=precision, forward=precision, backward=precision)
+    Q.apply_precision(eager, cfg, seed=3, device=DEV)
+    plan = Q.apply_precision(traced, cfg, seed=3, device=DEV, traceable=True)
+    assert plan.traceable == (precision == "quartet")
     torch._dynamo.reset()
     counters.clear()
     compiled = torch.compile(traced, mode="reduce-overhead")
@@ -265,5 +269,6 @@ def test_traceable_quartet_model_trains_in_cuda_graphs_like_the_eager_model():
             opt.zero_grad(set_to_none=True)
         curves[name] = losses
     assert counters["inductor"]["cudagraph_skips"] == 0
-    assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])
-    assert curves["graphs"] == pytest.approx(curves["eager"], rel=2e-3), curves
+    if precision == "quartet":
+        assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])
+    assert curves["graphs"] == pytest.approx(curves["eager"], rel=tol), curves
