@@ -292,6 +292,10 @@ def _base_status(law: Law, raw: np.ndarray, res, n_points: int, first_pass_cost:
             note = "; the optimizer was still improving at its evaluation limit"
         else:
             note = "; cost settled but parameters drift along a flat valley (see the multistart spread)"
+    if n_points < math.ceil(1.5 * law.n_free):
+        # the root cause, whatever else the fit shows: too few points to pin this many parameters
+        return "too_few_points", (f"{n_points} points for {law.n_free} parameters "
+                                  f"(< {math.ceil(1.5 * law.n_free)}); treat the values as indicative{note}")
     lo, hi = EXPONENT_BOX
     for name in ("alpha", "beta", "gamma"):
         if name in law.fixed:
@@ -306,9 +310,6 @@ def _base_status(law: Law, raw: np.ndarray, res, n_points: int, first_pass_cost:
         if e_val < E_FLOOR_FRACTION * min_loss:
             return "hit_bound", (f"E = {e_val:.3g} is at its lower bound 0 (< {E_FLOOR_FRACTION:g} x the lowest loss "
                                  f"{min_loss:.4g}): the data do not identify the irreducible loss{note}")
-    if n_points < math.ceil(1.5 * law.n_free):
-        return "too_few_points", (f"{n_points} points for {law.n_free} parameters "
-                                  f"(< {math.ceil(1.5 * law.n_free)}); treat the values as indicative{note}")
     if still_improving:
         return "failed", f"not converged: {res.message}{note}"
     return "converged", "ok" + note

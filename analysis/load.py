@@ -34,6 +34,9 @@ COLUMNS = ("run_id", "model", "n_params", "tokens", "forward", "backward", "prec
 TABLE_REQUIRED = ("n_params", "tokens", "forward", "backward", "loss")
 #: Label of the unquantized precision (the base law is fitted on forward == backward == BASE_LABEL).
 BASE_LABEL = "bf16"
+#: Plausible tokens per parameter of one run: outside it a row's units are almost surely mixed (tokens in
+#: billions beside parameters in units, say).
+TOKENS_PER_PARAM_RANGE = (0.01, 1e6)
 PAPER_TABLE = Path(__file__).resolve().parent / "data" / "quartet_paper_losses.csv"
 
 
@@ -50,7 +53,47 @@ def _precision_label(forward: str, backward: str) -> str:
     return forward if forward == backward else f"{forward}:{backward}"
 
 
-def _finish(rows: list[dict], dropped: list[dict], provenance: dict) -> pd.DataFrame:
+def _check_units(rows: list[dict], dropped: list[dict], name: str, strict: bool) -> list[dict]:
+    """Rows whose D/N lies outside :data:`TOKENS_PER_PARAM_RANGE` cannot share units with the others: a table
+    (``strict``) is refused in one line, a run is dropped with the reason."""
+    lo, hi = TOKENS_PER_PARAM_RANGE
+    bad = [(r["run_id"], float(r["tokens"]) / float(r["n_params"])) for r in rows
+           if not lo <= float(r["tokens"]) / float(r["n_params"]) <= hi]
+    if bad and strict:
+        shown = ", ".join(f"{rid} (D/N = {v:.3g})" for rid, v in bad[:3]) + (" ..." if len(bad) > 3 else "")
+        raise AnalysisError(f"{name}: {len(bad)} row(s) with tokens/n_params outside the plausible [{lo:g}, {hi:g}]: "
+                            f"{shown}; are tokens and n_params in plain units (not millions or billions)?")
+    ids = {rid for rid, _ in bad}
+    dropped += [{"run_id": rid, "reason": f"tokens/n_params = {v:.3g} is outside the plausible [{lo:g}, {hi:g}]"}
+                for rid, v in bad]
+    return [r for r in rows if r["run_id"] not in ids]
+
+
+def _drop_duplicates(rows: list[dict], dropped: list[dict]) -> list[dict]:
+    """Exact repeats of a run (same N, D, precision, seed and loss) are one run listed twice: keep the first,
+    drop the others with a reason (left in, they would count as evidence twice)."""
+    seen: dict[tuple, str] = {}
+    kept = []
+    for r in rows:
+        key = (float(r["n_params"]), float(r["tokens"]), r["forward"], r["backward"], str(r.get("precision")),
+               float(r["loss"]), str(r.get("seed")))
+        if key in seen:
+            dropped.append({"run_id": r["run_id"], "reason": f"duplicate of {seen[key]} (same N, D, precision, "
+                                                              f"seed and loss)"})
+            continue
+        seen[key] = r["run_id"]
+        kept.append(r)
+    return kept
+
+
+def _finish(rows: list[dict], dropped: list[dict], provenance: dict, name: str = "runs",
+            strict_units: bool = False) -> pd.DataFrame:
+    for r in rows:  # labels are matched case-insensitively: BF16 is bf16
+        r["forward"], r["backward"] = str(r["forward"]).strip().lower(), str(r["backward"]).strip().lower()
+        if isinstance(r.get("precision"), str):
+            r["precision"] = r["precision"].strip().lower()
+    rows = _check_units(rows, dropped, name, strict_units)
+    rows = _drop_duplicates(rows, dropped)
     for d in dropped:
         log.warning("dropped run %s: %s", d["run_id"], d["reason"])
     df = pd.DataFrame(rows)
@@ -90,14 +133,29 @@ def load_table(path: str | Path) -> pd.DataFrame:
     path = Path(path)
     if not path.exists():
         raise AnalysisError(f"no such table: {path}")
-    if path.suffix.lower() in (".parquet", ".pq"):
-        raw = pd.read_parquet(path)
-    elif path.suffix.lower() in (".csv", ".tsv", ".txt"):
-        raw = pd.read_csv(path, sep="\t" if path.suffix.lower() == ".tsv" else ",")
-    else:
+    if path.suffix.lower() not in (".parquet", ".pq", ".csv", ".tsv", ".txt"):
         raise AnalysisError(f"table {path.name}: unsupported extension {path.suffix!r}; use .csv or .parquet")
+    raw = _read_table(path)
+    if raw.empty:
+        raise AnalysisError(f"table {path}: no rows (only a header)")
     provenance = {"kind": "table", "path": str(path), "sha256": sha256_file(path)}
     return frame_from_table(raw, provenance=provenance, name=path.name)
+
+
+def _read_table(path: Path) -> pd.DataFrame:
+    """pandas' reader for the file's type, its errors as one line naming the file."""
+    try:
+        if path.suffix.lower() in (".parquet", ".pq"):
+            return pd.read_parquet(path)
+        return pd.read_csv(path, sep="\t" if path.suffix.lower() == ".tsv" else ",")
+    except pd.errors.EmptyDataError:
+        raise AnalysisError(f"table {path}: the file is empty") from None
+    except pd.errors.ParserError as exc:
+        raise AnalysisError(f"table {path}: not a well-formed table ({str(exc).strip().splitlines()[-1]})") from None
+    except UnicodeDecodeError:
+        raise AnalysisError(f"table {path}: not UTF-8 text") from None
+    except (OSError, ValueError, ImportError) as exc:
+        raise AnalysisError(f"table {path}: cannot be read ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})") from None
 
 
 def frame_from_table(raw: pd.DataFrame, provenance: dict | None = None, name: str = "table") -> pd.DataFrame:
@@ -122,13 +180,13 @@ def frame_from_table(raw: pd.DataFrame, provenance: dict | None = None, name: st
         if reason:
             dropped.append({"run_id": rid, "reason": reason})
             continue
-        fw, bw = str(rec["forward"]), str(rec["backward"])
+        fw, bw = str(rec["forward"]).strip().lower(), str(rec["backward"]).strip().lower()
         row = {**rec, "run_id": rid, "forward": fw, "backward": bw, "loss": float(rec["loss"]),
                "precision": rec.get("precision") if isinstance(rec.get("precision"), str) else _precision_label(fw, bw),
                "model": rec.get("model", f"{float(rec['n_params']) / 1e6:.3g}M"), "source": rec.get("source", name)}
         rows.append(row)
     prov = {**(provenance or {"kind": "table", "name": name}), "run_ids": [r["run_id"] for r in rows]}
-    return _finish(rows, dropped, prov)
+    return _finish(rows, dropped, prov, name, strict_units=True)
 
 
 def load_paper() -> pd.DataFrame:
@@ -140,10 +198,12 @@ def load_paper() -> pd.DataFrame:
 
 # ---------------------------------------------------------------- runs directory
 def _read_json(path: Path) -> dict | None:
+    """A JSON object from ``path``, or None when it is missing, not UTF-8, not JSON or not an object."""
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # ValueError covers JSONDecodeError and UnicodeDecodeError
         return None
+    return data if isinstance(data, dict) else None
 
 
 def _read_yaml(path: Path) -> dict:
@@ -196,7 +256,7 @@ def load_runs_dir(root: str | Path) -> pd.DataFrame:
             state = _read_json(run_dir / "state.json") or {}
             st = state.get("state", "unknown")
             if (run_dir / "summary.json").exists():
-                reason = "summary.json is unreadable"
+                reason = f"{run_dir / 'summary.json'} is unreadable (not a UTF-8 JSON object)"
             elif st == "failed":
                 err = (state.get("error") or "").strip().splitlines()
                 reason = f"failed at step {state.get('step')}: {err[-1] if err else 'see error.txt'}"
@@ -237,7 +297,7 @@ def load_runs_dir(root: str | Path) -> pd.DataFrame:
         why = "; ".join(f"{d['run_id']}: {d['reason']}" for d in dropped[:5]) or "no run folders found"
         raise AnalysisError(f"no finished runs under {root} ({why})")
     prov = {"kind": "runs", "path": str(root), "run_ids": sorted(r["run_id"] for r in rows)}
-    return _finish(rows, dropped, prov)
+    return _finish(rows, dropped, prov, str(root))
 
 
 def _first_train_loss(path: Path) -> float | None:
@@ -449,4 +509,7 @@ def load(source: str | Path) -> pd.DataFrame:
         if any(p.rglob("run-*.wandb")) and not any(p.rglob("summary.json")):
             return load_wandb_offline(p)
         return load_runs_dir(p)
+    if not p.exists():
+        raise AnalysisError(f"{s} does not exist (give a runs directory, a .csv/.parquet table, --paper or "
+                            f"wandb:ENTITY/PROJECT)")
     raise AnalysisError(f"source {s!r} is neither a runs directory, a .csv/.parquet table, 'paper' nor wandb:ENTITY/PROJECT")

@@ -162,11 +162,11 @@ def breakeven_speedup(params: dict, eff_n: float, eff_d: float, n, d) -> np.ndar
 
 
 def headline(scheme: str, params: dict, eff_n: float, eff_d: float, n: float, ratio: float,
-             caveat: str | None = None) -> dict:
+             caveat: str | None = None, note: str | None = None) -> dict:
     """The user's headline for one precision: % of effective N and D lost, and the break-even speedup.
 
     ``caveat`` (the fit's status and reason when it is not ``converged``) is prefixed, so an unreliable fit
-    never reads as a finding."""
+    never reads as a finding; ``note`` (e.g. an interval that includes 1) is appended in the same sentence."""
     z = float(breakeven_speedup(params, eff_n, eff_d, n, n * ratio))
     lost_n, lost_d = 100.0 * (1.0 - eff_n), 100.0 * (1.0 - eff_d)
     cost_n = f"costs {lost_n:.1f}% effective parameters" if lost_n >= 0 else f"gains {-lost_n:.1f}% effective parameters"
@@ -174,7 +174,9 @@ def headline(scheme: str, params: dict, eff_n: float, eff_d: float, n: float, ra
     verdict = (f"so it pays off when its speedup exceeds {z:.2f}x" if np.isfinite(z)
                else "so no speedup makes it pay off")
     text = f"{scheme} {cost_n} and {cost_d}, {verdict} (at N = {n:.3g}, D/N = {ratio:g})"
+    if note:
+        text = f"{text}; but {note}"
     if caveat:
         text = f"NOT A FINDING ({caveat.split(':')[0]}; see the fit status): {text}"
     return {"scheme": scheme, "lost_params_pct": lost_n, "lost_data_pct": lost_d, "breakeven_speedup": z,
-            "at_n": float(n), "at_ratio": float(ratio), "text": text, "caveat": caveat}
+            "at_n": float(n), "at_ratio": float(ratio), "text": text, "caveat": caveat, "note": note}

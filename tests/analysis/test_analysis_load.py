@@ -8,7 +8,8 @@ import pandas as pd
 import pytest
 
 from analysis.errors import AnalysisError
-from analysis.load import COLUMNS, load, load_curve, load_paper, load_runs_dir, load_table, load_wandb, load_wandb_offline
+from analysis.load import (COLUMNS, frame_from_table, load, load_curve, load_paper, load_runs_dir, load_table, load_wandb,
+                           load_wandb_offline)
 
 from analysis_testdata import synthetic_rows, write_run
 
@@ -78,7 +79,7 @@ def test_table_errors(tmp_path):
     with pytest.raises(AnalysisError, match="unsupported extension"):
         (tmp_path / "x.xlsx").write_text("")
         load_table(tmp_path / "x.xlsx")
-    with pytest.raises(AnalysisError, match="neither a runs directory"):
+    with pytest.raises(AnalysisError, match="does not exist"):
         load(str(tmp_path / "missing"))
 
 
@@ -146,3 +147,44 @@ def test_wandb_offline_run_file_written_by_real_wandb(tmp_path, monkeypatch):
     assert (r["forward"], r["backward"], r["precision"]) == ("quest", "rtn_absmax", "quartet")
     assert r["loss"] == pytest.approx(4.25) and r["n_params"] == 123456 and r["tokens"] == 5000
     assert load(tmp_path).iloc[0]["run_id"] == r["run_id"]  # the dispatcher recognises the folder
+
+
+def test_unreadable_inputs_are_one_line_errors(tmp_path):
+    """Empty, header-only, ragged and non-UTF-8 tables, and a missing path: AnalysisError naming the file, exit 2."""
+    from analysis.cli import fit_main
+
+    cases = {"empty.csv": b"", "header.csv": b"n_params,tokens,forward,backward,loss\n",
+             "ragged.csv": b"n_params,tokens,forward,backward,loss\n1e6,1e7,bf16,bf16,3.0\n1,2,3,4,5,6\n",
+             "latin1.csv": "n_params,tokens,forward,backward,loss\n1e6,1e7,bf16,bf16,3.0 \xe9\n".encode("latin-1")}
+    expect = {"empty.csv": "the file is empty", "header.csv": "no rows", "ragged.csv": "not a well-formed table",
+              "latin1.csv": "not UTF-8"}
+    for name, data in cases.items():
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(AnalysisError, match=expect[name]):
+            load(tmp_path / name)
+        assert fit_main([str(tmp_path / name)]) == 2
+    with pytest.raises(AnalysisError, match="does not exist"):
+        load(tmp_path / "nope.csv")
+
+
+def test_mixed_units_duplicates_and_label_case(tmp_path):
+    rows = [{"n_params": n, "tokens": n * r, "forward": "BF16", "backward": "Bf16", "loss": 3.0 + 1 / r}
+            for n in (1e6, 2e6) for r in (10, 20)]
+    df = frame_from_table(pd.DataFrame(rows + [dict(rows[0])]))
+    assert set(df["forward"]) == {"bf16"} and set(df["precision"]) == {"bf16"}  # matched case-insensitively
+    assert len(df) == 4 and any("duplicate of" in d["reason"] for d in df.attrs["dropped"])
+    billions = dict(rows[1], tokens=rows[1]["tokens"] / 1e6)  # D written in millions beside N in units
+    with pytest.raises(AnalysisError, match="tokens/n_params outside the plausible"):
+        frame_from_table(pd.DataFrame(rows + [billions]))
+    # in a runs folder the bad run is dropped with the reason instead, and the others load
+    for i, r in enumerate(rows + [billions]):
+        write_run(tmp_path, "g", f"r{i}", n=r["n_params"], d=r["tokens"], forward="bf16", backward="bf16",
+                  precision="bf16", loss=r["loss"])
+    runs = load_runs_dir(tmp_path)
+    assert len(runs) == 4 and any("outside the plausible" in d["reason"] for d in runs.attrs["dropped"])
+    (tmp_path / "g" / "bad").mkdir()
+    (tmp_path / "g" / "bad" / "summary.json").write_bytes(b"\xff\xfe[]")
+    (tmp_path / "g" / "list").mkdir()
+    (tmp_path / "g" / "list" / "summary.json").write_text("[]")
+    runs = load_runs_dir(tmp_path)
+    assert len(runs) == 4 and sum("unreadable" in d["reason"] for d in runs.attrs["dropped"]) == 2

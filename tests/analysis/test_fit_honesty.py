@@ -132,3 +132,25 @@ def test_e_profile_finds_the_efficiencies_whatever_e_is():
     assert r["E"][0] <= PAPER_PARAMS["E"] <= r["E"][1] + 0.2
     assert abs(np.median(prof.loc[prof["admissible"], "q_effN"]) - 0.6) < 0.1
     assert np.isnan(seed_noise_log(_table(PAPER_CELLS, 0.004, 7)))  # no replicates, no noise estimate
+
+
+def test_too_few_points_is_the_reason_even_when_the_fit_also_degenerates():
+    n, d, loss = _grid(NO_FLOOR, np.array([1e6, 2e6, 4e6]), np.array([5, 10, 20]), noise=0.002)
+    base = fit_base(n[:7], d[:7], loss[:7])
+    assert base.status == "too_few_points" and "7 points for 6 parameters" in base.message
+
+
+def test_headline_says_when_an_interval_includes_one_and_uses_a_round_budget():
+    """A scheme whose effect is within its interval gets 'no measurable cost' in the same sentence; the paper's
+    headline is evaluated at D/N 100 (the median 98 rounded to one significant digit), as the docs say."""
+    table = _table(PAPER_CELLS, 0.002, 4, eff=(1.0, 1.0))  # planted: no cost at all
+    report = fit_all(table, "busbridge", bootstrap=30, seed=0)
+    (head,) = report.headlines
+    assert report.eff("q").status == "converged" and not head["text"].startswith("NOT A FINDING")
+    assert "includes 1" in head["text"] and "(no measurable cost at this scale)" in head["text"]
+    costly = fit_all(_table(PAPER_CELLS, 0.002, 4), "busbridge", bootstrap=30, seed=0)  # planted effN 0.6
+    assert costly.headlines[0]["note"] is None or "effN" not in costly.headlines[0]["note"]
+    from analysis.load import load_paper
+
+    paper = fit_all(load_paper(), "busbridge")
+    assert all(h["at_ratio"] == 100 and "D/N = 100)" in h["text"] for h in paper.headlines)
