@@ -110,6 +110,11 @@ def fit_main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=None, metavar="OUT", help="write the report as JSON")
     p.add_argument("--profile-e", action="store_true",
                    help="also refit at E fixed on a grid: do the efficiencies depend on the irreducible loss?")
+    p.add_argument("--optimal", default=None, metavar="C[,C...]",
+                   help="training budgets in FLOPs (C = 6ND): the compute-optimal N, D and loss per precision "
+                        "(intervals with --bootstrap)")
+    p.add_argument("--speedup", action="append", default=[], metavar="PRECISION=S",
+                   help="a precision's training speedup over the baseline for --optimal (repeatable; default 1)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.ERROR, format="%(levelname)s %(message)s")
     try:
@@ -117,6 +122,8 @@ def fit_main(argv: list[str] | None = None) -> int:
         print_report(report)
         if args.profile_e:
             _print_profile(df, args)
+        if args.optimal:
+            _print_optimal(report, args)
     except AnalysisError as exc:
         print(f"quartet fit: {exc}", file=sys.stderr)
         return 2
@@ -124,6 +131,36 @@ def fit_main(argv: list[str] | None = None) -> int:
         report.to_json(args.json)
         print(f"wrote {args.json}")
     return 0
+
+
+def _print_optimal(report, args) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    try:
+        budgets = [float(c) for c in args.optimal.split(",")]
+        speedups = {k.strip().lower(): float(v) for k, _, v in (s.partition("=") for s in args.speedup)}
+    except ValueError:
+        raise AnalysisError(f"--optimal takes FLOPs like 1e19,1e20 and --speedup PRECISION=S (got "
+                            f"{args.optimal!r}, {args.speedup!r})") from None
+    if any(c <= 0 for c in budgets) or any(v <= 0 for v in speedups.values()):
+        raise AnalysisError("--optimal budgets and --speedup values must be positive")
+    rows = report.compute_optimal(budgets, speedups)
+    console = Console() if sys.stdout.isatty() else Console(width=150)
+    t = Table(title="Compute-optimal allocation (C = 6ND; a speedup s buys C·s)", title_justify="left")
+    for col in ("C (FLOPs)", "precision", "speedup", "N_opt", "D_opt", "D/N", "loss", "status"):
+        t.add_column(col)
+    for r in rows:
+        iv = {k: r.get(f"{k}_interval") for k in ("n_opt", "d_opt", "loss")}
+        cell = {k: f"{r[k]:.3g}" + (f" [{iv[k][0]:.3g}, {iv[k][1]:.3g}]" if iv[k] else "") for k in iv}
+        t.add_row(f"{r['flops']:.3g}", r["precision"], f"{r['speedup']:g}", cell["n_opt"], cell["d_opt"],
+                  f"{r['ratio']:.3g}", cell["loss"], r["status"])
+    console.print(t)
+    lo, hi = report.provenance["base_range"]["n_min"], report.provenance["base_range"]["n_max"]
+    outside = sorted({f"{r['flops']:.3g}" for r in rows if not lo <= r["n_opt"] <= hi})
+    if outside:
+        console.print(f"[yellow]N_opt outside the fitted N range [{lo:.3g}, {hi:.3g}] at C = {', '.join(outside)}: "
+                      f"an extrapolation[/yellow]")
 
 
 def _print_profile(df, args) -> None:
@@ -135,6 +172,9 @@ def _print_profile(df, args) -> None:
           f"{prof.attrs.get('seed_noise_log', float('nan')):.4f}):")
     print(prof[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     ranges = profile_ranges(prof)
+    if not ranges:
+        print("• no seed replicates to measure noise with (or no E fits within it): which E the data admit is not "
+              "judged; read the table")
     if ranges:
         lo, hi = ranges["E"]
         for label, r in ranges.items():

@@ -91,6 +91,9 @@ class FitReport:
     dropped: tuple[dict, ...]
     provenance: dict
     seconds: float = 0.0
+    #: the bootstrap's refits, one (base params, {scheme: (effN, effD)}) per usable resample: intervals of any
+    #: derived quantity (e.g. :meth:`compute_optimal`) come from them; not serialised
+    samples: tuple = ()
 
     def eff(self, scheme: str) -> EffFit:
         """The efficiency fit of a scheme by its label (or ``forward:backward``)."""
@@ -98,6 +101,35 @@ class FitReport:
             if scheme in (e.scheme, f"{e.forward}:{e.backward}"):
                 return e
         raise AnalysisError(f"no efficiency fit for {scheme!r}; have: {', '.join(e.scheme for e in self.efficiencies)}")
+
+    def compute_optimal(self, flops, speedups: dict | None = None) -> list[dict]:
+        """Per precision (the base included) and budget: the compute-optimal N, D, D/N and loss from the fitted law
+        (:func:`analysis.speed.compute_optimal`), with 95% intervals from the bootstrap refits when there are any.
+        ``speedups`` maps a precision to its training speedup over the base (default 1: equal FLOPs)."""
+        from analysis.speed import compute_optimal
+
+        speedups = speedups or {}
+        schemes = [(BASE_LABEL, 1.0, 1.0, "converged")] + [
+            (e.scheme, e.eff_n, e.eff_d, e.status) for e in self.efficiencies if np.isfinite(e.eff_n)]
+        rows = []
+        for c in np.atleast_1d(np.asarray(flops, float)):
+            for label, en, ed, status in schemes:
+                s = float(speedups.get(label, 1.0))
+                est = compute_optimal(self.base.params, c, en, ed, s)
+                row = {"precision": label, "flops": float(c), "speedup": s, "status": status,
+                       **{k: float(v) for k, v in est.items()}}
+                draws = []
+                for params, effs in self.samples:
+                    if label == BASE_LABEL:
+                        draws.append(compute_optimal(params, c, 1.0, 1.0, s))
+                    elif label in effs:
+                        draws.append(compute_optimal(params, c, *effs[label], s))
+                for k in ("n_opt", "d_opt", "ratio", "loss"):
+                    vals = np.array([float(d[k]) for d in draws])
+                    vals = vals[np.isfinite(vals)]
+                    row[f"{k}_interval"] = tuple(np.percentile(vals, [2.5, 97.5])) if len(vals) >= 10 else None
+                rows.append(row)
+        return rows
 
     def to_dict(self) -> dict:
         def iv(x):
@@ -310,6 +342,7 @@ def fit_all(df: pd.DataFrame, law: str = "busbridge", *, bootstrap: int = 0, see
     # ---- bootstrap: resample cells (paired design) or each precision's runs apart, refit everything.
     rng = np.random.default_rng(seed)
     boot_base, boot_eff = [], {e.scheme: [] for e in effs}
+    samples: list = []
     used = 0
     it = range(bootstrap)
     if progress and bootstrap:
@@ -331,6 +364,7 @@ def fit_all(df: pd.DataFrame, law: str = "busbridge", *, bootstrap: int = 0, see
             continue
         used += 1
         boot_base.append([b.params[p] for p in PARAM_NAMES])
+        samples.append((dict(b.params), {}))
         for e, (label, fw, bw, kind, rows), pos in zip(effs, groups, by_cell):
             if not np.isfinite(e.eff_n) or len(rows) == 0:
                 continue
@@ -347,6 +381,7 @@ def fit_all(df: pd.DataFrame, law: str = "busbridge", *, bootstrap: int = 0, see
             except AnalysisError:
                 continue
             boot_eff[label].append((be.eff_n, be.eff_d))
+            samples[-1][1][label] = (be.eff_n, be.eff_d)
     base_int, eff_int = {}, {}
     if boot_base:
         arr = np.array(boot_base)
@@ -394,7 +429,7 @@ def fit_all(df: pd.DataFrame, law: str = "busbridge", *, bootstrap: int = 0, see
     return FitReport(base=base, efficiencies=tuple(effs), base_intervals=base_int, eff_intervals=eff_int,
                      bootstrap={"requested": bootstrap, "used": used, "seed": seed}, forecasts=tuple(fc),
                      headlines=heads, dropped=tuple(df.attrs.get("dropped", ())), provenance=provenance,
-                     seconds=time.perf_counter() - t0)
+                     seconds=time.perf_counter() - t0, samples=tuple(samples))
 
 
 def seed_noise_log(df: pd.DataFrame, base_label: str = BASE_LABEL) -> float:
@@ -458,15 +493,17 @@ def e_profile(df: pd.DataFrame, law: str = "busbridge", *, points: int = 16, bas
 
 
 def profile_ranges(profile: pd.DataFrame) -> dict:
-    """Each precision's effN / effD range over the admissible rows of :func:`e_profile` (all rows when
-    admissibility is unknown), with the E range they span: ``{scheme: {"eff_n": (lo, hi), "eff_d": (lo, hi)},
-    "E": (lo, hi)}``."""
-    ok = profile[profile["admissible"] == True] if profile["admissible"].notna().any() else profile  # noqa: E712
+    """Each precision's effN / effD range over the admissible rows of :func:`e_profile`, with the E range they
+    span: ``{scheme: {"eff_n": (lo, hi), "eff_d": (lo, hi)}, "E": (lo, hi)}``; empty when admissibility is unknown
+    (no seed replicates to measure noise with) or no E is admissible. Precisions without estimates are left out."""
+    if not profile["admissible"].notna().any():
+        return {}
+    ok = profile[profile["admissible"] == True]  # noqa: E712
     if ok.empty:
         return {}
     out: dict = {"E": (float(ok["E"].min()), float(ok["E"].max()))}
     for col in ok.columns:
-        if col.endswith("_effN"):
+        if col.endswith("_effN") and ok[col].notna().all():
             label = col[: -len("_effN")]
             out[label] = {"eff_n": (float(ok[col].min()), float(ok[col].max())),
                           "eff_d": (float(ok[f"{label}_effD"].min()), float(ok[f"{label}_effD"].max()))}

@@ -148,6 +148,27 @@ def optimal_map(params: dict, fp4_eff: tuple[float, float], fp8_eff: tuple[float
                       speedups=speedups if isinstance(speedups, str) else "custom", eff=eff)
 
 
+def compute_optimal(params: dict, flops, eff_n: float = 1.0, eff_d: float = 1.0, speedup: float = 1.0) -> dict:
+    """The compute-optimal model for a training budget of ``flops`` (C = 6·N·D) under the fitted law.
+
+    A precision with a training ``speedup`` s affords C·s: N·D = C·s/6. Its loss L(N·effN, D·effD) is minimised
+    where the two terms' slopes balance; γ and E do not move the optimum (the power γ is monotone, E constant):
+
+        N_opt = [α·A·effN^-α / (β·B·effD^-β)]^(1/(α+β)) · (C·s/6)^(β/(α+β)),   D_opt = C·s / (6·N_opt).
+
+    Returns arrays (broadcast over ``flops``): ``n_opt``, ``d_opt``, ``ratio`` (D_opt/N_opt) and ``loss`` (the law at
+    the optimum, efficiencies included).
+    """
+    c = np.asarray(flops, float) * float(speedup) / 6.0
+    a, alpha, b, beta = params["A"], params["alpha"], params["B"], params["beta"]
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        g = (alpha * a * eff_n ** (-alpha) / (beta * b * eff_d ** (-beta))) ** (1.0 / (alpha + beta))
+        n_opt = g * c ** (beta / (alpha + beta))
+        d_opt = c / n_opt
+    return {"n_opt": n_opt, "d_opt": d_opt, "ratio": d_opt / n_opt,
+            "loss": predict(params, n_opt, d_opt, eff_n, eff_d)}
+
+
 def breakeven_speedup(params: dict, eff_n: float, eff_d: float, n, d) -> np.ndarray:
     """The uniform speedup s at which L(s·effN·N, effD·D) = L(N, D) (closed form; ∞ if none)."""
     n = np.asarray(n, float)

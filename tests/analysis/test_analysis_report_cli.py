@@ -126,3 +126,13 @@ def test_schemes_sharing_labels_are_not_pooled():
     a, b = rep.eff("quartet"), rep.eff("quartet_b")
     assert a.n_points == b.n_points == 9 and (a.forward, a.backward) == (b.forward, b.backward)
     assert b.eff_n < a.eff_n  # the 1 % worse copy is fitted on its own
+
+
+def test_cli_optimal_profile_and_bad_budgets(capsys):
+    assert fit_main(["--paper", "--optimal", "1e20", "--speedup", "quest:sr_absmax=1.8", "--profile-e"]) == 0
+    out = capsys.readouterr().out
+    assert "Compute-optimal allocation" in out and "quest:sr_absmax" in out and "1.8" in out
+    assert "profile over E" in out and "admissible" in out and "no seed replicates" in out
+    assert fit_main(["--paper", "--optimal", "lots"]) == 2
+    assert "--optimal takes FLOPs" in capsys.readouterr().err
+    assert fit_main(["--paper", "--optimal=-1e20"]) == 2
