@@ -27,6 +27,12 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--replicates", choices=("mean", "all"), default="mean",
                    help="seed replicates of one (N, D, precision) cell: fit their mean as one point (default) or "
                         "every run as its own point")
+    p.add_argument("--delta", type=float, default=None, metavar="D",
+                   help="Huber threshold on log-loss residuals (default: the paper's 1e-4)")
+    p.add_argument("--exclude", default=None, metavar="QUERY",
+                   help="leave out runs matching a pandas query, e.g. \"steps < 500\" (listed as dropped, with the rule)")
+    p.add_argument("--start-grid", choices=("paper", "wide"), default="paper",
+                   help="multi-start grid: the paper's (486 starts) or a wider one (3,072) for data far from its scale")
     p.add_argument("-v", "--verbose", action="store_true", help="log dropped runs and fit details")
 
 
@@ -38,8 +44,12 @@ def _load_and_fit(args):
         raise AnalysisError("give exactly one SOURCE or --paper")
     df = load("paper" if args.paper else args.source)
     sel = None if args.selections == "none" else args.selections
+    if args.delta is not None and not args.delta > 0:
+        raise AnalysisError(f"--delta must be positive (got {args.delta})")
+    extra = {"delta": args.delta} if args.delta is not None else {}
     report = fit_all(df, args.law, bootstrap=args.bootstrap, seed=args.seed, selections=sel, at_n=args.at_n,
-                     at_ratio=args.at_ratio, progress=args.bootstrap > 0, replicates=args.replicates)
+                     at_ratio=args.at_ratio, progress=args.bootstrap > 0, replicates=args.replicates,
+                     exclude=args.exclude, start_grid=args.start_grid, **extra)
     return df, report
 
 
@@ -115,6 +125,8 @@ def fit_main(argv: list[str] | None = None) -> int:
                         "(intervals with --bootstrap)")
     p.add_argument("--speedup", action="append", default=[], metavar="PRECISION=S",
                    help="a precision's training speedup over the baseline for --optimal (repeatable; default 1)")
+    p.add_argument("--isoflop", action="store_true",
+                   help="also estimate N_opt(C) from IsoFLOP slices (Chinchilla Approach 2), where the runs form them")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.ERROR, format="%(levelname)s %(message)s")
     try:
@@ -124,6 +136,8 @@ def fit_main(argv: list[str] | None = None) -> int:
             _print_profile(df, args)
         if args.optimal:
             _print_optimal(report, args)
+        if args.isoflop:
+            _print_isoflop(df, report)
     except AnalysisError as exc:
         print(f"quartet fit: {exc}", file=sys.stderr)
         return 2
@@ -161,6 +175,28 @@ def _print_optimal(report, args) -> None:
     if outside:
         console.print(f"[yellow]N_opt outside the fitted N range [{lo:.3g}, {hi:.3g}] at C = {', '.join(outside)}: "
                       f"an extrapolation[/yellow]")
+
+
+def _print_isoflop(df, report) -> None:
+    from analysis.isoflop import MIN_SIZES, SLICE_TOLERANCE, isoflop_exponent, isoflop_slices
+
+    p = report.base.params
+    law = p["beta"] / (p["alpha"] + p["beta"])
+    print(f"\nIsoFLOP slices (runs within {SLICE_TOLERANCE:g}x of one C = 6ND, >= {MIN_SIZES} sizes; parabola in ln N):")
+    found = False
+    for prec, rows in df.groupby("precision"):
+        slices = isoflop_slices(rows)
+        if slices.empty:
+            continue
+        found = True
+        print(f"{prec}:")
+        print(slices.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+        exp = isoflop_exponent(slices)
+        if exp:
+            print(f"• {prec}: N_opt ∝ C^{exp['a_n']:.3f}, D_opt ∝ C^{exp['a_d']:.3f} from {exp['slices']} slices "
+                  f"(the fitted law ({report.base.status}): N_opt ∝ C^{law:.3f})")
+    if not found:
+        print("• no IsoFLOP slices: the runs have no budget C shared by 3+ model sizes (a grid over N and D/N rarely does)")
 
 
 def _print_profile(df, args) -> None:

@@ -39,6 +39,10 @@ HUBER_DELTA = 1e-4
 EXPONENT_BOX = (1e-3, 5.0)
 #: A fitted E below this fraction of the lowest observed loss counts as E at its bound 0 (not identified).
 E_FLOOR_FRACTION = 1e-3
+#: A fitted A or B above this is no scale of a loss term but a degenerate fit (the paper's: 1.5e5, 5.3e5).
+MAGNITUDE_LIMIT = 1e30
+#: A term that takes less than this share of the reducible loss at every data point has dropped out of the law.
+DEAD_TERM_SHARE = 1e-3
 #: Bounds of the efficiencies (fitted as ln eff).
 EFF_BOUNDS = (1e-5, 4.0)
 #: Status values of every fit result.
@@ -271,15 +275,28 @@ def fit_base(n, d, loss, law: Law = BUSBRIDGE, *, delta: float = HUBER_DELTA, st
                        best_costs=tuple(sorted({round(c, 14) for c, _, _ in polished}))[:5], spread=spread,
                        n_polished=len(polished), seconds=time.perf_counter() - t0)
     first_pass_best = float(cost[order[0]])
-    status, message = _base_status(law, raw, best_res, log_obs.size, first_pass_best, float(np.exp(log_obs.min())))
+    status, message = _base_status(law, raw, best_res, log_obs.size, first_pass_best, float(np.exp(log_obs.min())),
+                                   log_n, log_d)
     return BaseFit(law=law.name, params=raw_to_params(raw), raw=tuple(float(x) for x in raw),
                    free=tuple(RAW_NAMES[i] for i in law.free), cost=best_cost, n_points=int(log_obs.size),
                    status=status, message=message, multistart=ms, run_ids=tuple(str(r) for r in run_ids),
                    basins=tuple([tuple(best_x.tolist())] + [tuple(b.tolist()) for b in basins]))
 
 
+def _term_shares(raw: np.ndarray, log_n: np.ndarray, log_d: np.ndarray) -> tuple[float, float]:
+    """The largest share of the reducible loss that the N-term and the D-term take at any data point."""
+    a, alpha, b, beta = raw[0], raw[1], raw[2], raw[3]
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        u = a - alpha * log_n  # log of A/N^α
+        v = b - beta * log_d
+        share_n = 1.0 / (1.0 + np.exp(v - u))
+    share_n = np.nan_to_num(share_n, nan=0.5)
+    return float(share_n.max()), float((1.0 - share_n).max())
+
+
 def _base_status(law: Law, raw: np.ndarray, res, n_points: int, first_pass_cost: float,
-                 min_loss: float = float("inf")) -> tuple[str, str]:
+                 min_loss: float = float("inf"), log_n: np.ndarray | None = None,
+                 log_d: np.ndarray | None = None) -> tuple[str, str]:
     if not np.all(np.isfinite(raw)) or res.status < 0:
         return "failed", f"optimizer error: {res.message}"
     note, still_improving = "", False
@@ -303,6 +320,15 @@ def _base_status(law: Law, raw: np.ndarray, res, n_points: int, first_pass_cost:
         val = raw[RAW_NAMES.index(name)]
         if not lo <= val <= hi:
             return "hit_bound", f"{name} = {val:.4g} is outside the plausible range [{lo}, {hi}]{note}"
+    for name, idx in (("A", 0), ("B", 2)):
+        if raw[idx] > np.log(MAGNITUDE_LIMIT):
+            return "hit_bound", (f"{name} = {np.exp(raw[idx]):.3g} is an implausible magnitude (> {MAGNITUDE_LIMIT:g}): "
+                                 f"the law degenerated{note}")
+    if log_n is not None and log_d is not None:
+        for term, share in zip(("N-term A/N^α", "D-term B/D^β"), _term_shares(raw, log_n, log_d)):
+            if share < DEAD_TERM_SHARE:
+                return "hit_bound", (f"the {term} is below {DEAD_TERM_SHARE:.0e} of the reducible loss at every point: "
+                                     f"the law lost a term{note}")
     if "e" not in law.fixed:
         # E is fitted as ln E, so "E = 0" is ln E running off to -inf: the irreducible loss sits on its
         # lower bound and the data cannot tell it apart from zero (typical of too narrow an N/D range).

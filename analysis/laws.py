@@ -66,10 +66,12 @@ class Law:
                 j += 1
         return out
 
-    def start_grid(self) -> np.ndarray:
+    def start_grid(self, wide: bool = False) -> np.ndarray:
         """The paper's multi-start grid restricted to the free parameters (486 starts for Busbridge).
 
         a ∈ {0,5,10}, α ∈ {0,0.5,1}, b ∈ {0,5,10}, β ∈ {0,0.5,1}, e ∈ {0,0.5}, γ ∈ {0,0.5,1}.
+        ``wide`` adds a fourth or third value per axis (a, b ∈ {…, 20}, α, β ∈ {…, 1.5}, e ∈ {…, −1},
+        γ ∈ {…, 2}: 3,072 starts for Busbridge) for data far from the paper's scale.
         """
         axes = {
             "a": (0.0, 5.0, 10.0),
@@ -79,6 +81,9 @@ class Law:
             "e": (0.0, 0.5),
             "gamma": (0.0, 0.5, 1.0),
         }
+        if wide:
+            extra = {"a": 20.0, "alpha": 1.5, "b": 20.0, "beta": 1.5, "e": -1.0, "gamma": 2.0}
+            axes = {k: v + (extra[k],) for k, v in axes.items()}
         free_axes = [axes[RAW_NAMES[i]] for i in self.free]
         mesh = np.meshgrid(*free_axes, indexing="ij")
         return np.stack([m.ravel() for m in mesh], axis=-1)

@@ -37,6 +37,8 @@ SCHEMA_VERSION = 1
 #: Key (forward, backward) -> pandas query over the table's columns.
 PAPER_SELECTIONS = {
     ("bf16", "sr_absmax"): "n_params == 30482560 and steps == 91552",
+    # the notebook's QuEST-backward effD uses its single 30M point at 11444 steps (D/N ~ 100)
+    ("bf16", "quest"): "n_params == 30482560 and steps == 11444",
     ("bf16", "rtn_absmax"): "n_params == 30482560 and steps == 91552",
     ("quest", "sr_absmax"): "(n_params == 30482560 and steps < 90000) or (n_params == 49556736 and steps < 30000)",
 }
@@ -286,7 +288,8 @@ def _includes_one(e: EffFit, ints: dict) -> str | None:
 def fit_all(df: pd.DataFrame, law: str = "busbridge", *, bootstrap: int = 0, seed: int = 0,
             selections: dict | str | None = "auto", base_label: str = BASE_LABEL, delta: float = HUBER_DELTA,
             at_n: float | None = None, at_ratio: float | None = None, forecasts: bool = True,
-            progress: bool = False, replicates: str = "mean") -> FitReport:
+            progress: bool = False, replicates: str = "mean", exclude: str | None = None,
+            start_grid: str = "paper") -> FitReport:
     """Fit the base law and every precision's efficiencies; bootstrap, forecasts, headlines, provenance.
 
     ``selections``: ``"auto"`` applies :data:`PAPER_SELECTIONS` to the bundled paper grid only,
@@ -294,6 +297,9 @@ def fit_all(df: pd.DataFrame, law: str = "busbridge", *, bootstrap: int = 0, see
     ``at_n`` / ``at_ratio``: where the headline's break-even speedup is evaluated (default: the largest
     base model at the median D/N of the base runs, rounded to 2 significant digits — 100 for the
     paper's grid — so the headline stays inside the data's budget range).
+    ``exclude``: a pandas query over the runs' columns; matching runs are left out and listed among the
+    dropped runs with the rule as the reason (outlier exclusion by a stated rule, never silently).
+    ``start_grid``: ``"paper"`` (486 starts for the full law) or ``"wide"`` (:meth:`Law.start_grid`).
     ``replicates``: ``"mean"`` fits one point per (N, D, precision) cell, the mean over its seeds
     (:func:`average_replicates`); ``"all"`` fits every run as its own point.
     The bootstrap resamples whole cells — the base run and every precision's run of a cell together — when
@@ -312,6 +318,18 @@ def fit_all(df: pd.DataFrame, law: str = "busbridge", *, bootstrap: int = 0, see
         df = df.assign(run_id=[f"row{i}" for i in range(len(df))])
     if "precision" not in df.columns:
         df = df.assign(precision=np.nan)
+    if start_grid not in ("paper", "wide"):
+        raise AnalysisError(f"start_grid must be paper or wide (got {start_grid!r})")
+    if exclude:
+        try:
+            hit = df.query(exclude)
+        except Exception as exc:  # noqa: BLE001 - pandas raises many kinds for a bad expression
+            raise AnalysisError(f"--exclude {exclude!r} is not a valid query over the columns "
+                                f"{', '.join(map(str, df.columns))}: {str(exc).splitlines()[0][:120]}") from None
+        attrs = dict(df.attrs)
+        df = df.drop(index=hit.index)
+        df.attrs = {**attrs, "dropped": list(attrs.get("dropped", ())) + [
+            {"run_id": str(r), "reason": f"excluded by the rule {exclude!r}"} for r in hit["run_id"]]}
     n_runs = len(df)
     if replicates == "mean":
         df = average_replicates(df.assign(precision=df["precision"].fillna("")))
@@ -326,7 +344,7 @@ def fit_all(df: pd.DataFrame, law: str = "busbridge", *, bootstrap: int = 0, see
         raise AnalysisError(f"no baseline rows (forward == backward == {base_label!r}); precisions present: "
                             f"{', '.join(have)}")
     base = fit_base(base_df["n_params"], base_df["tokens"], base_df["loss"], lw, delta=delta,
-                    run_ids=base_df["run_id"].astype(str))
+                    starts=lw.start_grid(wide=start_grid == "wide"), run_ids=base_df["run_id"].astype(str))
     log.info("base fit (%s): %s; %d/%d starts reached the best basin", lw.name, base.status,
              base.multistart.n_converged, base.multistart.n_starts)
     groups = list(scheme_groups(df, base_label, selections))
@@ -417,7 +435,8 @@ def fit_all(df: pd.DataFrame, law: str = "busbridge", *, bootstrap: int = 0, see
         "input": prov_in or {"kind": "dataframe", "run_ids": sorted(df["run_id"].astype(str))},
         "code": code_version(), "law": lw.name, "law_form": lw.description,
         "options": {"huber_delta": delta, "bootstrap": bootstrap, "seed": seed, "base_label": base_label,
-                    "replicates": replicates, "runs": n_runs, "points": len(df),
+                    "replicates": replicates, "runs": n_runs, "points": len(df), "exclude": exclude,
+                    "start_grid": start_grid,
                     "bootstrap_resamples": "cells (paired)" if cells is not None else "runs per precision",
                     "selections": {f"{k[0]}:{k[1]}": v for k, v in (selections or {}).items()},
                     "starts": int(base.multistart.n_starts), "headline_at": {"n": ref_n, "ratio": at_ratio}},

@@ -32,6 +32,7 @@ def test_base_law_matches_table6(report):
     ("quest:bf16", 0.648, None),              # QuEST forward-only, all rows
     ("bf16:sr_absmax", None, 0.855),          # SR backward-only, the 30M / 91552-step point
     ("bf16:rtn_absmax", None, 0.8315),
+    ("bf16:quest", None, 0.1811),              # QuEST backward-only, the notebook's 30M / 11444-step point
     ("sr_absmax:bf16", 0.4353, None),
     ("rtn_absmax:bf16", 0.6076, None),
     ("quest:sr_absmax", 0.642, 0.943),        # Quartet joint on the notebook's 30M/50M selection

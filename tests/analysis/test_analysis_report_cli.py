@@ -136,3 +136,29 @@ def test_cli_optimal_profile_and_bad_budgets(capsys):
     assert fit_main(["--paper", "--optimal", "lots"]) == 2
     assert "--optimal takes FLOPs" in capsys.readouterr().err
     assert fit_main(["--paper", "--optimal=-1e20"]) == 2
+
+
+def test_cli_exclusion_rule_start_grid_and_delta(capsys):
+    """Outliers leave by a stated rule and are listed with it; the wide start grid finds the paper's optimum too."""
+    from analysis.load import load_paper
+    from analysis.report import fit_all
+
+    paper = load_paper()
+    cut = fit_all(paper, "busbridge", exclude="n_params > 5e8", forecasts=False)
+    gone = [d for d in cut.dropped if "excluded by the rule 'n_params > 5e8'" in d["reason"]]
+    assert gone and cut.base.n_points == 23 - sum(1 for d in gone if d["run_id"] in set(
+        paper[(paper["forward"] == "bf16") & (paper["backward"] == "bf16")]["run_id"]))
+    wide = fit_all(paper, "busbridge", start_grid="wide", forecasts=False)
+    assert wide.base.multistart.n_starts == 3072
+    assert wide.base.params["alpha"] == pytest.approx(0.5885759, rel=1e-4)
+    assert fit_main(["--paper", "--exclude", "steps <", "--law", "hoffmann"]) == 2
+    assert "is not a valid query" in capsys.readouterr().err
+    assert fit_main(["--paper", "--delta", "0"]) == 2
+    assert fit_main(["--paper", "--delta", "1e-3", "--exclude", "n_params > 5e8"]) == 0
+    out = capsys.readouterr().out
+    assert "excluded by the rule" in out
+
+
+def test_cli_isoflop_says_when_there_are_no_slices(capsys):
+    assert fit_main(["--paper", "--isoflop"]) == 0
+    assert "IsoFLOP slices" in capsys.readouterr().out

@@ -181,3 +181,56 @@ def test_compute_optimal_allocation_recovers_the_planted_optimum():
     lo, hi = rows["bf16"]["n_opt_interval"]
     assert lo <= compute_optimal(PAPER_PARAMS, 1e20)["n_opt"] <= hi
     assert rows["q"]["speedup"] == 2.0 and rows["q"]["n_opt_interval"] is not None
+
+
+def test_implausible_magnitudes_and_a_dead_term_are_flagged():
+    """A fitted A or B beyond 1e30, or a term that carries < 0.1% of the reducible loss at every point, is a
+    degenerate law even when its exponents sit inside their box."""
+    from types import SimpleNamespace
+
+    from analysis.fit import _base_status
+    from analysis.laws import BUSBRIDGE, params_to_raw
+
+    n, d, _ = _grid(PAPER_PARAMS, np.array([3e7, 1e8, 4e8]), np.array([25, 100, 400]))
+    ok = SimpleNamespace(status=1, cost=1e-6, message="")
+    good = params_to_raw(PAPER_PARAMS)
+    assert _base_status(BUSBRIDGE, good, ok, 20, 1e-6, 2.5, np.log(n), np.log(d))[0] == "converged"
+    huge = good.copy()
+    huge[0] = np.log(1e40)
+    status, msg = _base_status(BUSBRIDGE, huge, ok, 20, 1e-6, 2.5, np.log(n), np.log(d))
+    assert status == "hit_bound" and "implausible magnitude" in msg and msg.startswith("A = 1e+40")
+    dead = good.copy()
+    dead[0] = np.log(1e-3)  # A/N^alpha ~ 1e-8: the N-term vanishes against the D-term everywhere
+    status, msg = _base_status(BUSBRIDGE, dead, ok, 20, 1e-6, 2.5, np.log(n), np.log(d))
+    assert status == "hit_bound" and "N-term" in msg and "lost a term" in msg
+
+
+def test_isoflop_slices_find_the_planted_compute_optimum():
+    """Chinchilla Approach 2 on runs laid out as IsoFLOP slices: each slice's parabola vertex lands on the planted
+    law's N_opt(C), and the exponent across slices is the law's beta / (alpha + beta)."""
+    from analysis.isoflop import isoflop_exponent, isoflop_slices
+    from analysis.speed import compute_optimal
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for c in (1e18, 1e19, 1e20):
+        centre = compute_optimal(PAPER_PARAMS, c)["n_opt"]
+        for n in centre * np.geomspace(1 / 4, 4, 7):
+            d = c / (6 * n)
+            rows.append({"n_params": n, "tokens": d * rng.uniform(0.98, 1.02),
+                         "loss": float(predict(PAPER_PARAMS, n, d)) * np.exp(rng.normal(0, 0.001))})
+    rows.append({"n_params": 1e8, "tokens": 1e9, "loss": 3.0})  # a lone run: no slice
+    slices = isoflop_slices(pd.DataFrame(rows))
+    assert len(slices) == 3 and (slices["status"] == "ok").all() and (slices["sizes"] == 7).all()
+    for _, s in slices.iterrows():
+        assert s["n_opt"] == pytest.approx(compute_optimal(PAPER_PARAMS, s["flops"])["n_opt"], rel=0.1)
+    exp = isoflop_exponent(slices)
+    law = PAPER_PARAMS["beta"] / (PAPER_PARAMS["alpha"] + PAPER_PARAMS["beta"])
+    assert exp["slices"] == 3 and exp["a_n"] == pytest.approx(law, abs=0.05)
+    # a slice whose sizes all sit on one side of the optimum is flagged, and a grid has no slices at all
+    one_side = [r for r in rows[:7] if r["n_params"] < compute_optimal(PAPER_PARAMS, 1e18)["n_opt"]]
+    one_side += [{"n_params": one_side[0]["n_params"] / 2, "tokens": 2 * one_side[0]["tokens"],
+                  "loss": float(predict(PAPER_PARAMS, one_side[0]["n_params"] / 2, 2 * one_side[0]["tokens"]))}]
+    assert set(isoflop_slices(pd.DataFrame(one_side))["status"]) <= {"extrapolated", "no minimum"}
+    n, d, loss = _grid(PAPER_PARAMS, np.array([3e7, 1e8, 4e8]), np.array([25, 100, 400]))
+    assert isoflop_slices(pd.DataFrame({"n_params": n, "tokens": d, "loss": loss})).empty
