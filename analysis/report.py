@@ -190,7 +190,8 @@ def scheme_groups(df: pd.DataFrame, base_label: str = BASE_LABEL, selections: di
         yield str(label), str(fw), str(bw), scheme_kind(fw, bw, base_label), rows.drop(columns="_scheme")
 
 
-def _forecast(name: str, base: pd.DataFrame, held_mask: np.ndarray, law, delta: float) -> Forecast:
+def _forecast(name: str, base: pd.DataFrame, held_mask: np.ndarray, law, delta: float,
+              warm: np.ndarray | None = None) -> Forecast:
     train, test = base[~held_mask], base[held_mask]
     ids = tuple(test["run_id"].astype(str))
     # A forecast needs an over-determined training fit (at least two points more than parameters).
@@ -198,7 +199,9 @@ def _forecast(name: str, base: pd.DataFrame, held_mask: np.ndarray, law, delta: 
         return Forecast(name, ids, len(train), float("nan"), float("nan"), "too_few_points",
                         f"{len(train)} training rows left after holding out {len(test)}")
     try:
-        fit = fit_base(train["n_params"], train["tokens"], train["loss"], law, delta=delta, n_polish=3)
+        # the reduced data's optimum lies near the full fit's basins: start there, plus a coarse corner of the grid
+        starts = None if warm is None else np.vstack([warm, law.start_grid()[::27]])
+        fit = fit_base(train["n_params"], train["tokens"], train["loss"], law, delta=delta, n_polish=3, starts=starts)
     except AnalysisError as exc:
         return Forecast(name, ids, len(train), float("nan"), float("nan"), "failed", str(exc))
     pred = predict(fit.params, test["n_params"].to_numpy(), test["tokens"].to_numpy())
@@ -418,9 +421,13 @@ def fit_all(df: pd.DataFrame, law: str = "busbridge", *, bootstrap: int = 0, see
     fc: list[Forecast] = []
     if forecasts:
         n_vals = base_df["n_params"].to_numpy()
-        fc.append(_forecast("leave_largest_model_out", base_df, n_vals >= n_vals.max() * 0.999, lw, delta))
+        warm = np.array(base.basins)
+        fc.append(_forecast("leave_largest_model_out", base_df, n_vals >= n_vals.max() * 0.999, lw, delta, warm))
         ratio = (base_df["tokens"] / base_df["n_params"]).to_numpy()
-        fc.append(_forecast("leave_largest_budget_out", base_df, ratio >= ratio.max() * 0.95, lw, delta))
+        fc.append(_forecast("leave_largest_budget_out", base_df, ratio >= ratio.max() * 0.95, lw, delta, warm))
+        # every other size held out in turn (the largest is the first forecast): does the law interpolate?
+        for n in sorted(set(n_vals))[:-1]:
+            fc.append(_forecast(f"leave_size_out_{n:.3g}", base_df, np.isclose(n_vals, n, rtol=1e-3), lw, delta, warm))
 
     # ---- headlines.
     ref_n = float(at_n) if at_n else float(base_df["n_params"].max())

@@ -38,7 +38,10 @@ def test_small_grid_with_bootstrap(demo_report):
         lo, hi = rep.eff_intervals[e.scheme]["eff_n"]
         assert lo <= hi
     assert set(rep.base_intervals) == {"A", "alpha", "B", "beta", "E", "gamma"}
-    assert len(rep.headlines) == 2 and len(rep.forecasts) == 2
+    # the largest size and budget held out, then each other size (3 sizes here)
+    assert len(rep.headlines) == 2 and [f.name for f in rep.forecasts][:2] == ["leave_largest_model_out",
+                                                                             "leave_largest_budget_out"]
+    assert len(rep.forecasts) == 4 and rep.forecasts[2].name.startswith("leave_size_out_")
 
 
 def test_json_schema_and_provenance(demo_report, tmp_path):
