@@ -24,6 +24,8 @@ from analysis.laws import predict  # noqa: E402
 from analysis.report import FitReport, base_rows, scheme_groups, PAPER_SELECTIONS  # noqa: E402
 from analysis.speed import MODEL_POINTS, OPTIONS, breakeven_speedup, optimal_map  # noqa: E402
 
+#: the ladder's precisions keep these colours in every figure
+PRECISION_COLORS = {"bf16": "#1f77b4", "fp8": "#2ca02c", "quartet": "#d62728", "quartet_sr": "#ff7f0e"}
 OPTION_COLORS = {"FP8:FP8": "#9ecae1", "FP4:FP8": "#fdae6b", "FP8:FP4": "#a1d99b", "FP4:FP4": "#e6550d"}
 plt.rcParams.update({"figure.dpi": 110, "savefig.dpi": 150, "font.size": 10, "axes.grid": True,
                      "grid.alpha": 0.3, "axes.spines.top": False, "axes.spines.right": False})
@@ -37,6 +39,16 @@ def _save(fig, out_dir: Path, name: str) -> list[Path]:
         fig.savefig(p, bbox_inches="tight")
     plt.close(fig)
     return paths
+
+
+def scheme_colors(report: FitReport) -> dict:
+    """One colour per precision for every figure of a report (tab20, in the order of the report's efficiencies;
+    the ladder's named precisions keep their colours)."""
+    palette = plt.get_cmap("tab20").colors
+    out = {}
+    for k, e in enumerate(report.efficiencies):
+        out[e.scheme] = PRECISION_COLORS.get(e.scheme, palette[(2 * k) % 20 + (k // 10) % 2])
+    return out
 
 
 def _fmt_n(n: float) -> str:
@@ -102,7 +114,7 @@ def plot_losses(report: FitReport, df: pd.DataFrame, out_dir: Path, max_panels: 
             ax.plot(d, predict(report.base.params, np.full_like(d, n), d, en, ed), color=colors[n], lw=1.2)
         ax.set_xscale("log")
         ax.set_xlabel("tokens D")
-        ax.set_ylabel("validation loss")
+        ax.set_ylabel("validation loss (nats/token)")
         ax.set_title(title, fontsize=9)
         ax.legend(fontsize=7, title="N", title_fontsize=7, loc="upper right")
     for ax in axes.ravel()[len(panels):]:
@@ -116,12 +128,16 @@ def plot_losses(report: FitReport, df: pd.DataFrame, out_dir: Path, max_panels: 
 def plot_efficiencies(report: FitReport, out_dir: Path) -> list[Path]:
     """effN vs effD per precision, with bootstrap 95 % intervals where available."""
     fig, ax = plt.subplots(figsize=(8.6, 5.2))
-    colors = plt.get_cmap("tab20").colors
+    colors = scheme_colors(report)
     ax.add_patch(plt.Rectangle((0, 0), 1, 1, fill=False, ls="--", lw=0.8, color="grey"))
     markers = {"forward": "s", "backward": "^", "joint": "o"}
-    for k, e in enumerate(report.efficiencies):
+    drawn: list[tuple[float, float]] = []
+    for e in report.efficiencies:
         if not (np.isfinite(e.eff_n) and np.isfinite(e.eff_d)):
             continue
+        # points that (nearly) coincide are drawn as concentric markers, each later one smaller, so none hides
+        stack = sum(1 for x, y in drawn if abs(x - e.eff_d) < 0.015 and abs(y - e.eff_n) < 0.015)
+        drawn.append((e.eff_d, e.eff_n))
         ints = report.eff_intervals.get(e.scheme, {})
         xerr = yerr = None
         if "eff_d" in ints and e.fits_d:
@@ -131,8 +147,8 @@ def plot_efficiencies(report: FitReport, out_dir: Path) -> list[Path]:
             lo, hi = ints["eff_n"]
             yerr = [[max(e.eff_n - lo, 0)], [max(hi - e.eff_n, 0)]]
         hollow = e.status != "converged"
-        ax.errorbar(e.eff_d, e.eff_n, xerr=xerr, yerr=yerr, fmt=markers[e.kind], ms=7, capsize=3,
-                    color=colors[(2 * k) % 20 + (k // 10) % 2], mfc="none" if hollow else None,
+        ax.errorbar(e.eff_d, e.eff_n, xerr=xerr, yerr=yerr, fmt=markers[e.kind], ms=max(3.0, 9.0 - 2.5 * stack),
+                    capsize=3, color=colors[e.scheme], mfc="none" if hollow else None, zorder=3 + stack,
                     label=f"{e.scheme} [{e.kind}] ({e.eff_n:.3f}, {e.eff_d:.3f})" + (f" {e.status}" if hollow else ""))
     # Room for efficiencies a little above 1 (noise on near-lossless formats) and their intervals.
     finite = [v for e in report.efficiencies for v in (e.eff_n, e.eff_d) if np.isfinite(v)]
@@ -142,7 +158,7 @@ def plot_efficiencies(report: FitReport, out_dir: Path) -> list[Path]:
     ax.set_ylim(-0.02, top)
     ax.set_xlabel("data efficiency effD (backward precision)")
     ax.set_ylabel("parameter efficiency effN (forward precision)")
-    ax.set_title("Efficiencies (unfitted one = 1; hollow = flagged fit)", fontsize=10)
+    ax.set_title("Efficiencies (unfitted one = 1; hollow = flagged fit; coinciding fits drawn concentric)", fontsize=9)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), title="scheme [fitted] (effN, effD)",
               title_fontsize=7)
     return _save(fig, out_dir, "efficiencies")
@@ -159,20 +175,22 @@ def plot_residuals(report: FitReport, df: pd.DataFrame, out_dir: Path) -> list[P
     fig.colorbar(sc, ax=axes[0], label="log10 N")
     axes[0].set_title(f"baseline: {len(b)} runs, RMS {np.sqrt(np.mean(res ** 2)) * 1e3:.2f}e-3", fontsize=10)
     effs = {e.scheme: e for e in report.efficiencies}
+    colors = scheme_colors(report)
     for label, _, _, _, rows in scheme_groups(df, base_label, selections):
         e = effs.get(label)
         if e is None or not np.isfinite(e.eff_n) or rows.empty:
             continue
         r = np.log(rows["loss"]) - np.log(predict(report.base.params, rows["n_params"].to_numpy(),
                                                   rows["tokens"].to_numpy(), e.eff_n, e.eff_d))
-        axes[1].scatter(rows["tokens"], r * 1e3, s=18, label=label)
+        axes[1].scatter(rows["tokens"], r * 1e3, s=18, label=label, color=colors.get(label))
     axes[1].set_title("quantized precisions (with their effN / effD)", fontsize=10)
-    axes[1].legend(fontsize=7, ncol=2)
+    axes[1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the data, never on it
     for ax in axes:
         ax.axhline(0, color="k", lw=0.8)
         ax.set_xscale("log")
         ax.set_xlabel("tokens D")
         ax.set_ylabel("ln L_obs − ln L_fit  (×1e-3)")
+    fig.set_size_inches(12.5, 4.2)
     return _save(fig, out_dir, "residuals")
 
 
@@ -182,25 +200,39 @@ def plot_breakeven(report: FitReport, out_dir: Path, ratio: float | None = None)
     ratio = ratio or at["ratio"]
     fig, ax = plt.subplots(figsize=(6.8, 4.6))
     n = np.geomspace(min(1e7, at["n"] / 10), 1e11, 200)
+    colors = scheme_colors(report)
+    never, above = [], []
+    top = 4.0
     for e in report.efficiencies:
-        if not (np.isfinite(e.eff_n) and np.isfinite(e.eff_d)) or e.eff_n < 0.05 or e.eff_d < 0.05:
+        if not (np.isfinite(e.eff_n) and np.isfinite(e.eff_d)):
             continue
         z = breakeven_speedup(report.base.params, e.eff_n, e.eff_d, n, n * ratio)
         z = np.where(np.isfinite(z), z, np.nan)
         if np.all(np.isnan(z)):
+            never.append(e.scheme)  # no speedup compensates anywhere on the axis
             continue
-        ax.plot(n, z, label=f"{e.scheme} (effN {e.eff_n:.2f}, effD {e.eff_d:.2f})")
+        if np.nanmin(z) > top:
+            above.append(f"{e.scheme} ({np.nanmin(z):.3g}x+)")
+            continue
+        ax.plot(n, z, color=colors[e.scheme], label=f"{e.scheme} (effN {e.eff_n:.2f}, effD {e.eff_d:.2f})")
+    notes = []
+    if never:
+        notes.append("never pays off (Z = ∞):\n  " + "\n  ".join(never))
+    if above:
+        notes.append(f"above {top:g}x everywhere:\n  " + "\n  ".join(above))
+    if notes:  # beside the axes, under the legend: named, not dropped, and off the curves
+        ax.text(1.02, 0.0, "\n".join(notes), transform=ax.transAxes, fontsize=7, color="0.3", va="bottom")
     ax.axhline(1.0, color="k", lw=0.8)
     ax.axhline(2.0, color="grey", lw=0.8, ls=":")
     ax.axvline(at["n"], color="grey", lw=0.8, ls="--")
     ax.text(at["n"] * 1.1, 3.85, "headline N", fontsize=7, color="grey")
     ax.text(n[0] * 1.2, 2.03, "FP4 vs FP8 BOPS (2×)", fontsize=7, color="grey")
     ax.set_xscale("log")
-    ax.set_ylim(0.8, 4.0)
-    ax.set_xlabel("model size N")
-    ax.set_ylabel("break-even speedup Z")
+    ax.set_ylim(0.8, top)
+    ax.set_xlabel("model size N (non-embedding parameters)")
+    ax.set_ylabel("break-even speedup Z (× the baseline's throughput)")
     ax.set_title(f"Speedup needed to match the baseline at equal compute (D/N = {ratio:g})", fontsize=10)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _save(fig, out_dir, "breakeven")
 
 
@@ -245,7 +277,6 @@ def make_all(report: FitReport, df: pd.DataFrame, out_dir: str | Path) -> list[P
 
 
 # ---------------------------------------------------------------- seed-replicated ladders (analysis.ladder)
-PRECISION_COLORS = {"bf16": "#1f77b4", "fp8": "#2ca02c", "quartet": "#d62728", "quartet_sr": "#ff7f0e"}
 
 
 def _precision_color(prec: str, i: int) -> str:
