@@ -536,7 +536,8 @@ class Trainer:
                           "tokens, lr %.3g, precision %s, device %s x%d", self.cfg.model.name, f"{r.n_params:,}",
                           f"{r.n_params_total:,}", f"{r.tokens:,}", r.steps, r.warmup_steps, r.batch_size, r.seq_len,
                           r.lr, self.cfg.precision.name, self.device, self.dist.world_size)
-            self.log.info("quantization plan: %s", json.dumps(self.plan.to_dict())[:2000])
+            for line in self.plan.summary().splitlines():  # a few lines; the whole map is in quant_map.json
+                self.log.info("%s", line)
             result = self._loop(wandb)
             if wandb is not None:
                 wandb.finish(0)
@@ -562,8 +563,11 @@ class Trainer:
         cfg, r = self.cfg, self.res
         lcfg = cfg.logging
         metrics = open(self.dir / "metrics.jsonl", "a") if self.is_main else None
-        bar = tqdm(total=r.steps, initial=self.step, disable=not (self.is_main and lcfg.progress), unit="step",
-                   desc=self.run_id, dynamic_ncols=True, leave=False)
+        # a live bar on a terminal; in a file, a clean log line per metrics row instead of bar frames
+        live = self.is_main and bool(lcfg.progress) and sys.stderr.isatty()
+        plain = self.is_main and bool(lcfg.progress) and not live
+        bar = tqdm(total=r.steps, initial=self.step, disable=not live, unit="step", desc=self.run_id,
+                   dynamic_ncols=True, leave=False)
         self._t_start = time.time()
         t_last, step_last = time.time(), self.step
         loss_v = float("nan")
@@ -600,6 +604,10 @@ class Trainer:
                     if wandb is not None:
                         wandb.log_row(row, s)
                     bar.set_postfix(loss=f"{loss_v:.4f}", lr=f"{lr:.2e}", refresh=False)
+                    if plain:
+                        tps = row.get("tokens_per_s")
+                        self.log.info("step %d/%d  loss %.4f  lr %.3g%s", s, r.steps, loss_v, lr,
+                                      f"  {tps:,.0f} tokens/s" if tps else "")
                 bar.update(1)
                 if self.is_main:
                     for fn in self.callbacks:

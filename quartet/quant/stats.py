@@ -132,7 +132,8 @@ def cli_main(argv: list[str] | None = None) -> int:
     for r in rows:
         t.add_row(r["name"], fmt(r["mse"]), fmt(r.get("paper_mse")), fmt(r["misalignment"]),
                   fmt(r.get("paper_misalignment")), r["description"])
-    Console().print(t)
+    # piped into a file, a terminal-width console would truncate the quantizer names: give it room instead
+    Console(width=None if sys.stdout.isatty() else 200).print(t)
     return 0
 
 

@@ -84,3 +84,20 @@ def test_data_cli_prepare_verify_and_errors(tmp_path, capsys):
     assert err.startswith("quartet: error: data: shard") and "\n" not in err
     assert data_main(["prepare", "data=nope"]) == 2
     assert "data=nope: unknown data; allowed: c4, files, pycode, shakespeare" in capsys.readouterr().err
+
+
+def test_train_into_a_file_writes_clean_lines_not_bar_frames(tmp_path, tiny_overrides):
+    """stdout/stderr piped to files: no progress-bar frames ('\\r'), one plain line per metrics row, and the
+    quantization plan in a few short lines (the whole map lives in quant_map.json)."""
+    over = [*tiny_overrides, "logging.progress=true", "logging.log_every=4", "precision=quartet", f"run.out_dir={tmp_path}"]
+    env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "quartet.cli", "train", *over], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "\r" not in proc.stderr and "\r" not in proc.stdout
+    steps = [ln for ln in proc.stdout.splitlines() if " step " in ln and " loss " in ln]
+    total = run_dir(compose(over)).joinpath("summary.json")
+    n_steps = json.loads(total.read_text())["steps"]
+    assert len(steps) >= n_steps // 4 and f"step {n_steps}/{n_steps}" in steps[-1]
+    assert any("precision quartet" in ln for ln in proc.stdout.splitlines())
+    assert max(len(ln) for ln in proc.stdout.splitlines()) < 400
