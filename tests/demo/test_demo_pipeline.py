@@ -1,7 +1,8 @@
 """`quartet demo` end to end on a test-sized grid: sweep → fit → figures → report, then reuse.
 
-The shipped demo uses `sweeps/smoke.yaml`; here a 3 × 3 × 2 grid of a few steps each keeps the test
-short while going through exactly the same code (local launcher, analysis, figures, report).
+The shipped demo uses `sweeps/demo.yaml`; here a 3 × 3 × 2 grid of a few steps each, with seeds 1 and 2 at one
+cell, keeps the test short while going through exactly the same code (local launcher, noise and gaps, fit,
+figures, report).
 """
 from __future__ import annotations
 
@@ -27,6 +28,11 @@ fixed:
   run.device: cpu
   model.seq_len: 64
   optim.batch_size: 8
+include:
+  - {model: llama_micro, budget.tokens: 8192, precision: bf16, run.seed: 1, run.data_seed: 1338}
+  - {model: llama_micro, budget.tokens: 8192, precision: bf16, run.seed: 2, run.data_seed: 1339}
+  - {model: llama_micro, budget.tokens: 8192, precision: quartet, run.seed: 1, run.data_seed: 1338}
+  - {model: llama_micro, budget.tokens: 8192, precision: quartet, run.seed: 2, run.data_seed: 1339}
 """
 
 
@@ -39,23 +45,33 @@ def test_demo_pipeline_then_reuse(tmp_path, capsys):
 
     assert cli_main(args) == 0
     first = capsys.readouterr().out
-    assert "18 to train" in first and f"report: {out / 'report.md'}" in first
+    assert "22 to train" in first and f"report: {out / 'report.md'}" in first
+    assert "quartet: gap to bf16 above seed noise in" in first
     summaries = sorted((runs / "tdemo").glob("*/summary.json"))
-    assert len(summaries) == 18
+    assert len(summaries) == 22
     report = (out / "report.md").read_text()
-    # the loss grid has one row per model size and a column per precision x budget
-    assert report.count("| llama_") == 3 and "quartet @ 16k tok" in report and "bf16 @ 4k tok" in report
+    # the verdict comes first, then what ran (data, grid, seeds, time per precision)
+    assert report.index("What this tiny study can and cannot tell you") < report.index("## 1. What ran")
+    assert "**quartet** is worse than bf16 in" in report and "sign test p =" in report
+    assert "vocabulary 512" in report or "vocabulary" in report
+    assert "llama_micro @ 8,192 tokens" in report and "| quartet | 11 |" in report
+    # loss grid (one row per model size and budget), noise at the replicated cell, gaps with verdicts
+    assert report.count("| llama_") >= 9 and "## 3. Seed noise" in report and "verdict" in report
+    assert any(v in report for v in ("above noise", "within noise", "below noise"))
     # the paper reproduction sits beside the study, with the published numbers next to the refit
     assert "| alpha | 0.5886 |" in report and "0.6418 / 0.9435" in report
+    study_pngs = {p.name for p in (out / "study").glob("*.png")}
+    assert {"losses.png", "efficiencies.png", "ladder_gaps.png", "ladder_seed_curves.png"} <= study_pngs
+    # no panel extrapolates the tiny law to 1e7-1e11 parameters; the paper refit keeps them
+    assert "optimal_precision.png" not in study_pngs and "breakeven.png" not in study_pngs
+    assert {"losses.png", "optimal_precision.png"} <= {p.name for p in (out / "paper").glob("*.png")}
     for sub in ("study", "paper"):
-        pngs = sorted(p.name for p in (out / sub).glob("*.png"))
-        assert {"losses.png", "efficiencies.png", "optimal_precision.png"} <= set(pngs)
-        assert all((out / sub / p).stat().st_size > 10_000 for p in pngs)
+        assert all(p.stat().st_size > 10_000 for p in (out / sub).glob("*.png"))
         fit = json.loads((out / sub / "fit.json").read_text())
         assert fit["base"]["status"] in {"converged", "hit_bound", "too_few_points"}
     study_fit = json.loads((out / "study" / "fit.json").read_text())
     assert {e["scheme"] for e in study_fit["efficiencies"]} == {"quartet"}
-    for p in ("study/losses.png", "paper/optimal_precision.png"):
+    for p in ("study/losses.png", "study/ladder_gaps.png", "paper/optimal_precision.png"):
         assert f"]({p})" in report
 
     # Second call: nothing retrains, the unchanged report is reused.
@@ -67,9 +83,17 @@ def test_demo_pipeline_then_reuse(tmp_path, capsys):
     assert {p: p.stat().st_mtime_ns for p in summaries} == mtimes
     assert time.time() - t0 < 60
 
-    # A run whose summary disappears is retrained, and the report is rebuilt.
+    # A run whose summary disappears is retrained, and the report is rebuilt; a run the sweep no longer plans
+    # (left by an earlier version of it) stays out of the study.
+    import shutil
+
+    stale = runs / "tdemo" / "llama_nano-t99k-bf16-s0-deadbeef"
+    shutil.copytree(summaries[1].parent, stale)
+    meta = json.loads((stale / "summary.json").read_text())
+    (stale / "summary.json").write_text(json.dumps({**meta, "run_id": stale.name, "tokens": 99_000}))
     summaries[0].unlink()
     assert cli_main(args) == 0
     third = capsys.readouterr().out
     assert "1 to train" in third and "reusing" not in third
+    assert "leaving out 1 run(s)" in third and "99,000" not in (out / "report.md").read_text()
     assert Path(summaries[0]).exists()
