@@ -51,6 +51,13 @@ def scheme_colors(report: FitReport) -> dict:
     return out
 
 
+def extrapolation_note(n_fit: float, n_top: float) -> str:
+    """What a title says about the N range it draws: where the law was fitted and, beyond 10x that, how far
+    the figure extrapolates."""
+    note = f"; law fitted up to N = {_fmt_n(n_fit)}"
+    return note + (f", extrapolated {n_top / n_fit:.3g}x beyond it" if n_top > 10 * n_fit else "")
+
+
 def _fmt_n(n: float) -> str:
     return f"{n / 1e9:.3g}B" if n >= 1e9 else f"{n / 1e6:.3g}M" if n >= 1e6 else f"{n / 1e3:.3g}K"
 
@@ -231,7 +238,8 @@ def plot_breakeven(report: FitReport, out_dir: Path, ratio: float | None = None)
     ax.set_ylim(0.8, top)
     ax.set_xlabel("model size N (non-embedding parameters)")
     ax.set_ylabel("break-even speedup Z (× the baseline's throughput)")
-    ax.set_title(f"Speedup needed to match the baseline at equal compute (D/N = {ratio:g})", fontsize=10)
+    beyond = extrapolation_note(report.provenance["base_range"]["n_max"], float(n[-1]))
+    ax.set_title(f"Speedup needed to match the baseline at equal compute (D/N = {ratio:g}{beyond})", fontsize=9)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _save(fig, out_dir, "breakeven")
 
@@ -257,8 +265,7 @@ def plot_optimal_precision(report: FitReport, out_dir: Path, fp4: tuple[str, flo
     axes[0].set_ylabel("D_max / N_max (tokens per parameter)")
     handles = [Patch(color=OPTION_COLORS[o], label=o) for o in OPTIONS]
     axes[1].legend(handles=handles, fontsize=8, loc="lower right", title="fwd:bwd")
-    n_fit = report.provenance["base_range"]["n_max"]
-    extrap = f"; law fitted up to N = {_fmt_n(n_fit)}" + (" (far extrapolation)" if n_fit < 1e7 else "")
+    extrap = extrapolation_note(report.provenance["base_range"]["n_max"], float(m.n_max.max()))
     fig.suptitle(f"Optimal precision (FP4 = {label}: effN {en:.3f}, effD {ed:.3f}; FP8 lossless{extrap})",
                  fontsize=10)
     return _save(fig, out_dir, "optimal_precision")

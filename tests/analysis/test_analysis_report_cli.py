@@ -165,3 +165,10 @@ def test_cli_exclusion_rule_start_grid_and_delta(capsys):
 def test_cli_isoflop_says_when_there_are_no_slices(capsys):
     assert fit_main(["--paper", "--isoflop"]) == 0
     assert "IsoFLOP slices" in capsys.readouterr().out
+
+
+def test_figure_titles_say_when_they_extrapolate():
+    from analysis.figures import extrapolation_note
+
+    assert extrapolation_note(8.2e8, 1e11) == "; law fitted up to N = 820M, extrapolated 122x beyond it"
+    assert extrapolation_note(8.2e8, 5e9) == "; law fitted up to N = 820M"
