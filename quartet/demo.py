@@ -259,6 +259,20 @@ def _verdict_md(ladder: dict | None, study, scale: str = "") -> list[str]:
     return out
 
 
+def _runs_md(df) -> list[str]:
+    """Appendix: every run with its loss, wall time and throughput (what a reader checks when a cell looks odd)."""
+    if "wall_clock_s" not in df.columns:
+        return []
+    cols = ["run_id", "precision", "seed", "loss", "steps", "wall_clock_s", "tokens_per_s"]
+    t = df.sort_values(["n_params", "tokens", "precision", "seed"])[[c for c in cols if c in df.columns]]
+    lines = ["## Appendix: every run", "", "| " + " | ".join(t.columns) + " |", "|" + "---|" * len(t.columns)]
+    for r in t.itertuples(index=False):
+        d = r._asdict()
+        lines.append(f"| {d['run_id']} | {d['precision']} | {d['seed']} | {d['loss']:.4f} | {d.get('steps', '')} | "
+                     f"{d['wall_clock_s']:.1f} | {d['tokens_per_s']:,.0f} |")
+    return lines
+
+
 def _scale_note(df) -> str:
     return (f"at ≤ {df['tokens'].max() / 1e6:.2g}M tokens and ≤ {df['n_params'].max():,.0f} parameters their effects "
             f"are of the order of the seed noise")
@@ -367,6 +381,8 @@ def write_report(out: Path, res: dict, sweep: str, runs_dir: Path, seconds: floa
         "```",
         "",
         "Fit JSON: `study/fit.json`, `paper/fit.json` (schema in `docs/analysis.md`).",
+        "",
+        *_runs_md(df),
     ]
     path = out / "report.md"
     path.write_text("\n".join(lines) + "\n")
