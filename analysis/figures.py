@@ -183,6 +183,7 @@ def plot_residuals(report: FitReport, df: pd.DataFrame, out_dir: Path) -> list[P
     axes[0].set_title(f"baseline: {len(b)} runs, RMS {np.sqrt(np.mean(res ** 2)) * 1e3:.2f}e-3", fontsize=10)
     effs = {e.scheme: e for e in report.efficiencies}
     colors = scheme_colors(report)
+    plotted = 0
     for label, _, _, _, rows in scheme_groups(df, base_label, selections):
         e = effs.get(label)
         if e is None or not np.isfinite(e.eff_n) or rows.empty:
@@ -190,11 +191,17 @@ def plot_residuals(report: FitReport, df: pd.DataFrame, out_dir: Path) -> list[P
         r = np.log(rows["loss"]) - np.log(predict(report.base.params, rows["n_params"].to_numpy(),
                                                   rows["tokens"].to_numpy(), e.eff_n, e.eff_d))
         axes[1].scatter(rows["tokens"], r * 1e3, s=18, label=label, color=colors.get(label))
+        plotted += 1
     axes[1].set_title("quantized precisions (with their effN / effD)", fontsize=10)
-    axes[1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the data, never on it
+    if plotted:
+        axes[1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the data, never on it
+    else:  # say so rather than leave an empty (and unscalable) log axis
+        axes[1].text(0.5, 0.5, "no precision has fitted efficiencies", ha="center", va="center",
+                     transform=axes[1].transAxes, fontsize=9, color="0.4")
+    for ax in axes[: 2 if plotted else 1]:
+        ax.set_xscale("log")
     for ax in axes:
         ax.axhline(0, color="k", lw=0.8)
-        ax.set_xscale("log")
         ax.set_xlabel("tokens D")
         ax.set_ylabel("ln L_obs − ln L_fit  (×1e-3)")
     fig.set_size_inches(12.5, 4.2)
