@@ -25,7 +25,8 @@ import torch
 
 from quartet.kernels import fp8_linear
 from quartet.kernels import gemm as G
-from quartet.kernels.triton_quant import absmax_dual_fp8, masked_inverse_hadamard, mx_quantize, signs_to_bits
+from quartet.kernels.triton_quant import (absmax_dual_fp8, masked_inverse_hadamard, mx_quantize, prepare_device,
+                                         signs_to_bits)
 from quartet.quant.linear import OPERANDS, QuantLinear, backward_draws, hadamard_signs, operand_seed
 
 ENGINES = ("hopper_fp8", "blackwell_mxfp4", "triton")
@@ -486,7 +487,11 @@ def bind_device_draws(model: torch.nn.Module, device) -> DeviceDraws | None:
     ``quartet.quant.set_step`` and ``quartet.quant.begin_micro_batch`` refresh the draws; the traceable
     path assumes one call of each layer per micro-batch (true of the model's block linears)."""
     layers = [m for m in model.modules() if isinstance(m, FusedQuantLinear)]
-    return DeviceDraws(layers, device) if layers else None
+    if not layers:
+        return None
+    if torch.device(device).type == "cuda":
+        prepare_device(device)  # outside any CUDA-graph pool (the model is compiled afterwards)
+    return DeviceDraws(layers, device)
 
 
 #: schemes the fused layer implements: name -> stochastic backward

@@ -438,10 +438,22 @@ _H_CACHE: dict[tuple[str, int | None], torch.Tensor] = {}
 
 
 def _hmat(device: torch.device) -> torch.Tensor:
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:  # one entry per GPU, however the device was named
+        device = torch.device("cuda", torch.cuda.current_device())
     key = (device.type, device.index)
     if key not in _H_CACHE:
         _H_CACHE[key] = sylvester_pm1(32).to(device=device, dtype=torch.float32).contiguous()
     return _H_CACHE[key]
+
+
+def prepare_device(device) -> None:
+    """Create the kernels' shared constants (the 32x32 Hadamard) on ``device`` now.
+
+    Call before a model is captured in CUDA graphs: a constant first created during a graph's warm-up would be
+    allocated in the graph's memory pool and then held by this cache, which torch rejects ("Detected 1 tensor(s)
+    in the cudagraph pool not tracked as outputs") — the first ladder sweep with traced Quartet layers failed so."""
+    _hmat(device)
 
 
 def signs_to_bits(signs: torch.Tensor) -> int:
