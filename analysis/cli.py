@@ -120,6 +120,10 @@ def fit_main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=None, metavar="OUT", help="write the report as JSON")
     p.add_argument("--profile-e", action="store_true",
                    help="also refit at E fixed on a grid: do the efficiencies depend on the irreducible loss?")
+    p.add_argument("--profile-bootstrap", type=int, default=0, metavar="N",
+                   help="with --profile-e: bootstrap N resamples at every admissible E, for each efficiency's 95%% "
+                        "interval whatever E is (slow: one bootstrap per E)")
+    p.add_argument("--profile-csv", type=Path, default=None, metavar="OUT", help="with --profile-e: write the table")
     p.add_argument("--optimal", default=None, metavar="C[,C...]",
                    help="training budgets in FLOPs (C = 6ND): the compute-optimal N, D and loss per precision "
                         "(intervals with --bootstrap)")
@@ -202,8 +206,13 @@ def _print_isoflop(df, report) -> None:
 def _print_profile(df, args) -> None:
     from analysis.report import e_profile, profile_ranges
 
-    prof = e_profile(df, args.law, replicates=args.replicates)
-    cols = [c for c in prof.columns if c not in ("cost",)]
+    if args.profile_bootstrap < 0:
+        raise AnalysisError(f"--profile-bootstrap must be >= 0 (got {args.profile_bootstrap})")
+    prof = e_profile(df, args.law, replicates=args.replicates, bootstrap=args.profile_bootstrap, seed=args.seed)
+    if args.profile_csv:
+        args.profile_csv.parent.mkdir(parents=True, exist_ok=True)
+        prof.to_csv(args.profile_csv, index=False, float_format="%.6g")
+    cols = [c for c in prof.columns if c not in ("cost",) and not c.endswith(("_lo", "_hi"))]
     print(f"\nprofile over E ({args.law}; admissible = base fit's RMS log residual within the pooled seed noise "
           f"{prof.attrs.get('seed_noise_log', float('nan')):.4f}):")
     print(prof[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
@@ -217,6 +226,16 @@ def _print_profile(df, args) -> None:
             if label != "E":
                 print(f"• over E in [{lo:.3g}, {hi:.3g}]: {label} effN {r['eff_n'][0]:.3f}-{r['eff_n'][1]:.3f}, "
                       f"effD {r['eff_d'][0]:.3f}-{r['eff_d'][1]:.3f} (point estimates)")
+        for label, r in ranges.items():
+            for key, name in (("eff_n", "effN"), ("eff_d", "effD")):
+                if label == "E" or f"{key}_interval" not in r:
+                    continue
+                a, b = r[f"{key}_interval"]
+                at = r[f"{key}_includes_1_at_E"]
+                verdict = ("excludes 1 at every admissible E: a cost whatever E is" if not at else
+                           f"includes 1 at E = {', '.join(f'{e:.3g}' for e in at)}: not a cost at every admissible E")
+                print(f"• {label} {name}: 95% intervals with E held fixed span [{a:.3f}, {b:.3f}] over the admissible "
+                      f"E; {verdict}")
 
 
 def figures_main(argv: list[str] | None = None) -> int:

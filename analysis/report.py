@@ -24,7 +24,7 @@ import dataclasses
 
 from analysis.fit import (E_FLOOR_FRACTION, EFF_BOUNDS, EXPONENT_BOX, BaseFit, EffFit, HUBER_DELTA, fit_base,
                           fit_efficiency, scheme_kind)
-from analysis.laws import PARAM_NAMES, get_law, predict
+from analysis.laws import PARAM_NAMES, Law, get_law, predict
 from analysis.load import BASE_LABEL
 from analysis.speed import headline
 
@@ -311,7 +311,7 @@ def fit_all(df: pd.DataFrame, law: str = "busbridge", *, bootstrap: int = 0, see
     t0 = time.perf_counter()
     if replicates not in REPLICATE_MODES:
         raise AnalysisError(f"replicates must be one of {', '.join(REPLICATE_MODES)} (got {replicates!r})")
-    lw = get_law(law)
+    lw = law if isinstance(law, Law) else get_law(law)
     missing = [c for c in ("n_params", "tokens", "forward", "backward", "loss") if c not in df.columns]
     if missing:
         raise AnalysisError(f"data frame lacks column(s) {', '.join(missing)}")
@@ -471,7 +471,7 @@ def seed_noise_log(df: pd.DataFrame, base_label: str = BASE_LABEL) -> float:
 
 
 def e_profile(df: pd.DataFrame, law: str = "busbridge", *, points: int = 16, base_label: str = BASE_LABEL,
-              delta: float = HUBER_DELTA, replicates: str = "mean") -> pd.DataFrame:
+              delta: float = HUBER_DELTA, replicates: str = "mean", bootstrap: int = 0, seed: int = 0) -> pd.DataFrame:
     """The profile of the fit over the irreducible loss: E fixed on a grid from 0 to 0.95 × the lowest base loss,
     every other base parameter and each precision's efficiencies refitted at each E.
 
@@ -479,11 +479,16 @@ def e_profile(df: pd.DataFrame, law: str = "busbridge", *, points: int = 16, bas
     depend on E? One row per E: the base fit's cost, RMS log residual, status and exponents, ``admissible``
     (its RMS residual is within the base's pooled seed noise, :func:`seed_noise_log`, i.e. the data cannot
     reject that E; NaN without replicates) and ``<scheme>_effN`` / ``<scheme>_effD``. The efficiencies'
-    range over the admissible rows is what the data say whatever E is (point estimates, no interval).
-    """
-    from analysis.laws import Law
+    range over the admissible rows is what the data say whatever E is (point estimates).
 
+    ``bootstrap > 0`` adds, at every admissible E (every E when admissibility is unknown), the 95% bootstrap
+    interval of each efficiency with E held at that value (:func:`fit_all`'s paired cell bootstrap):
+    ``<scheme>_effN_lo`` / ``_effN_hi`` / ``_effD_lo`` / ``_effD_hi``. E is a nuisance parameter the data do
+    not pin down; an efficiency whose interval excludes 1 at *every* admissible E is a cost whatever E is
+    (:func:`profile_ranges` gives the envelope).
+    """
     lw = get_law(law)
+    raw = df
     noise = seed_noise_log(df, base_label)
     if "run_id" not in df.columns:
         df = df.assign(run_id=[f"row{i}" for i in range(len(df))])
@@ -512,6 +517,12 @@ def e_profile(df: pd.DataFrame, law: str = "busbridge", *, points: int = 16, bas
                 row[f"{label}_effN"], row[f"{label}_effD"] = e.eff_n, e.eff_d
             except AnalysisError:
                 row[f"{label}_effN"] = row[f"{label}_effD"] = np.nan
+        if bootstrap > 0 and row["admissible"] is not False:
+            rep = fit_all(raw, fixed, bootstrap=bootstrap, seed=seed, selections=None, base_label=base_label,
+                          delta=delta, forecasts=False, replicates=replicates)
+            for label, ints in rep.eff_intervals.items():
+                for key, name in (("eff_n", "effN"), ("eff_d", "effD")):
+                    row[f"{label}_{name}_lo"], row[f"{label}_{name}_hi"] = (float(v) for v in ints[key])
         rows.append(row)
     out = pd.DataFrame(rows)
     out.attrs["seed_noise_log"] = noise
@@ -533,4 +544,11 @@ def profile_ranges(profile: pd.DataFrame) -> dict:
             label = col[: -len("_effN")]
             out[label] = {"eff_n": (float(ok[col].min()), float(ok[col].max())),
                           "eff_d": (float(ok[f"{label}_effD"].min()), float(ok[f"{label}_effD"].max()))}
+            for key, name in (("eff_n", "effN"), ("eff_d", "effD")):
+                lo, hi = f"{label}_{name}_lo", f"{label}_{name}_hi"
+                if lo in ok.columns and ok[lo].notna().all():
+                    # the envelope of the per-E 95% intervals, and the E where an interval reaches past 1
+                    out[label][f"{key}_interval"] = (float(ok[lo].min()), float(ok[hi].max()))
+                    out[label][f"{key}_includes_1_at_E"] = [float(e) for e, a, b in zip(ok["E"], ok[lo], ok[hi])
+                                                            if a <= 1.0 <= b]
     return out

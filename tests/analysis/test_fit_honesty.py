@@ -135,6 +135,24 @@ def test_e_profile_finds_the_efficiencies_whatever_e_is():
     assert np.isnan(seed_noise_log(_table(PAPER_CELLS, 0.004, 7)))  # no replicates, no noise estimate
 
 
+def test_e_profile_bootstrap_gives_each_efficiency_an_interval_whatever_e_is():
+    """With E a nuisance the data do not pin down, the profile's per-E bootstrap says whether a cost holds at every
+    admissible E: a planted effN 0.6 excludes 1 everywhere, a planted no-cost scheme includes it."""
+    from analysis.report import e_profile, profile_ranges
+
+    cells = PAPER_CELLS
+    costly = e_profile(_table(cells, 0.004, 7, seeds_at=cells[::5]), points=5, bootstrap=24, seed=1)
+    ok = costly[costly["admissible"] == True]  # noqa: E712
+    assert len(ok) >= 1 and ok["q_effN_lo"].notna().all()
+    assert (ok["q_effN_lo"] <= ok["q_effN"]).all() and (ok["q_effN"] <= ok["q_effN_hi"]).all()
+    assert costly.loc[costly["admissible"] == False, "q_effN_lo"].isna().all()  # noqa: E712 (not bootstrapped)
+    r = profile_ranges(costly)["q"]
+    assert r["eff_n_interval"][1] < 1 and r["eff_n_includes_1_at_E"] == []
+    free = profile_ranges(e_profile(_table(cells, 0.004, 7, eff=(1.0, 1.0), seeds_at=cells[::5]), points=5,
+                                    bootstrap=24, seed=1))["q"]
+    assert free["eff_n_interval"][0] < 1 < free["eff_n_interval"][1] and free["eff_n_includes_1_at_E"]
+
+
 def test_too_few_points_is_the_reason_even_when_the_fit_also_degenerates():
     n, d, loss = _grid(NO_FLOOR, np.array([1e6, 2e6, 4e6]), np.array([5, 10, 20]), noise=0.002)
     base = fit_base(n[:7], d[:7], loss[:7])

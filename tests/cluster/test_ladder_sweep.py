@@ -8,22 +8,23 @@ from cluster.spec import expand, load_sweep
 
 #: the staircase of docs/ladder.md: D/N per size
 STAIRCASE = {"llama_1m": {"dn10", "dn20", "dn40", "dn80", "dn160"}, "llama_3m": {"dn10", "dn20", "dn40", "dn80"},
-             "llama_7m": {"dn5", "dn10", "dn20"}}
+             "llama_7m": {"dn5", "dn10", "dn20"}, "llama_20m": {"dn5", "dn10"}}
 
 
 def test_ladder_grid_sizes_budgets_precisions_and_replicates():
     spec = load_sweep("ladder_1gpu")
     runs = expand(spec)
-    assert spec.cluster == "local_gpu" and len(runs) == 36 + 24
+    assert spec.cluster == "local_gpu" and len(runs) == 42 + 30
     grid = {(r.values["model"], r.values["budget"], r.values["precision"]) for r in runs}
     assert {(m, b) for m, b, _ in grid} == {(m, b) for m, bs in STAIRCASE.items() for b in bs}
-    assert len(grid) == 36 and {p for _, _, p in grid} == {"bf16", "fp8", "quartet"}
-    # three seeds (0, 1, 2) at four cells -- a short and a long budget at the smallest size -- for every
+    assert len(grid) == 42 and {p for _, _, p in grid} == {"bf16", "fp8", "quartet"}
+    # three seeds (0, 1, 2) at five cells -- one at every size, and a long budget at the smallest -- for every
     # precision, each replicate with its own data order
     reps = [r for r in runs if r.values.get("run.seed", 0) != 0]
     cells = {(r.values["model"], r.values["budget"]) for r in reps}
-    assert cells == {("llama_1m", "dn10"), ("llama_1m", "dn40"), ("llama_3m", "dn10"), ("llama_7m", "dn5")}
-    assert len(reps) == 24
+    assert cells == {("llama_1m", "dn10"), ("llama_1m", "dn40"), ("llama_3m", "dn10"), ("llama_7m", "dn5"),
+                     ("llama_20m", "dn5")}
+    assert len(reps) == 30
     for cell in cells:
         for prec in ("bf16", "fp8", "quartet"):
             seeds = {(r.values["run.seed"], r.values["run.data_seed"]) for r in reps
@@ -36,7 +37,7 @@ def test_ladder_plan_spans_sizes_and_budgets_on_a_faked_gpu(tmp_path: Path):
                      with_state=False)
     sizes = sorted({r.n_params for r in plan.runs})
     ratios = sorted({round(r.tokens / r.n_params) for r in plan.runs})
-    assert len(sizes) == 3 and 1e6 <= sizes[0] and sizes[-1] <= 5e7
+    assert len(sizes) == 4 and 1e6 <= sizes[0] and sizes[-1] <= 5e7
     assert ratios == [5, 10, 20, 40, 80, 160]
     # every run has >= 500 optimizer updates, is compiled and replayed as CUDA graphs on CUDA, and reads the
     # offline code corpus
