@@ -19,6 +19,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--law", choices=sorted(LAWS), default="busbridge", help="law form (default: busbridge)")
     p.add_argument("--bootstrap", type=int, default=0, metavar="N", help="bootstrap resamples for 95%% intervals")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    p.add_argument("--resample", choices=("cells", "residuals"), default="cells",
+                   help="what the bootstrap redraws: whole cells (default) or, the design held fixed, each point's "
+                        "log-residual (the bootstrap of a designed grid; assumes the law's form)")
     p.add_argument("--selections", choices=("auto", "paper", "none"), default="auto",
                    help="row selections per precision: the paper notebook's (auto = only for --paper)")
     p.add_argument("--at-n", type=float, default=None, help="model size for the headline (default: largest base N)")
@@ -49,7 +52,7 @@ def _load_and_fit(args):
     extra = {"delta": args.delta} if args.delta is not None else {}
     report = fit_all(df, args.law, bootstrap=args.bootstrap, seed=args.seed, selections=sel, at_n=args.at_n,
                      at_ratio=args.at_ratio, progress=args.bootstrap > 0, replicates=args.replicates,
-                     exclude=args.exclude, start_grid=args.start_grid, **extra)
+                     exclude=args.exclude, start_grid=args.start_grid, resample=args.resample, **extra)
     return df, report
 
 
@@ -208,7 +211,8 @@ def _print_profile(df, args) -> None:
 
     if args.profile_bootstrap < 0:
         raise AnalysisError(f"--profile-bootstrap must be >= 0 (got {args.profile_bootstrap})")
-    prof = e_profile(df, args.law, replicates=args.replicates, bootstrap=args.profile_bootstrap, seed=args.seed)
+    prof = e_profile(df, args.law, replicates=args.replicates, bootstrap=args.profile_bootstrap, seed=args.seed,
+                     resample=args.resample)
     if args.profile_csv:
         args.profile_csv.parent.mkdir(parents=True, exist_ok=True)
         prof.to_csv(args.profile_csv, index=False, float_format="%.6g")

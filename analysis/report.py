@@ -87,7 +87,7 @@ class FitReport:
     efficiencies: tuple[EffFit, ...]
     base_intervals: dict  # param -> (lo, hi) 95 % bootstrap percentile interval
     eff_intervals: dict  # scheme -> {"eff_n": (lo, hi), "eff_d": (lo, hi)}
-    bootstrap: dict  # {"requested", "used", "seed"}
+    bootstrap: dict  # {"requested", "used", "seed", "resample"}
     forecasts: tuple[Forecast, ...]
     headlines: tuple[dict, ...]
     dropped: tuple[dict, ...]
@@ -288,11 +288,33 @@ def _includes_one(e: EffFit, ints: dict) -> str | None:
                                                                        else " in that term)")
 
 
+#: what :func:`fit_all`'s bootstrap resamples
+RESAMPLE_MODES = ("cells", "residuals")
+
+
+def _residuals(base: BaseFit, effs: list, base_df: pd.DataFrame, groups) -> tuple:
+    """The fitted log-losses and log-residuals the residual bootstrap redraws: ``((pred, res) of the base,
+    {scheme: (pred, res)})``, each array in its table's row order (precisions without a fitted efficiency left out)."""
+    def split(n, d, loss, n_free, *eff):
+        pred = np.log(predict(base.params, np.asarray(n, float), np.asarray(d, float), *eff))
+        res = np.log(np.asarray(loss, float)) - pred
+        # fitted residuals are smaller than the noise by the parameters the fit spent on them: inflate them by
+        # sqrt(n / (n - p)) (Davison & Hinkley 1997, §6.2) so the redrawn noise is not too small
+        return pred, res * np.sqrt(len(res) / max(len(res) - n_free, 1))
+
+    out = {}
+    for e, (label, _fw, _bw, _kind, rows) in zip(effs, groups):
+        if np.isfinite(e.eff_n) and len(rows):
+            out[label] = split(rows["n_params"], rows["tokens"], rows["loss"], int(e.fits_n) + int(e.fits_d),
+                               e.eff_n, e.eff_d)
+    return split(base_df["n_params"], base_df["tokens"], base_df["loss"], len(base.free)), out
+
+
 def fit_all(df: pd.DataFrame, law: str = "busbridge", *, bootstrap: int = 0, seed: int = 0,
             selections: dict | str | None = "auto", base_label: str = BASE_LABEL, delta: float = HUBER_DELTA,
             at_n: float | None = None, at_ratio: float | None = None, forecasts: bool = True,
             progress: bool = False, replicates: str = "mean", exclude: str | None = None,
-            start_grid: str = "paper") -> FitReport:
+            start_grid: str = "paper", resample: str = "cells") -> FitReport:
     """Fit the base law and every precision's efficiencies; bootstrap, forecasts, headlines, provenance.
 
     ``selections``: ``"auto"`` applies :data:`PAPER_SELECTIONS` to the bundled paper grid only,
@@ -305,8 +327,13 @@ def fit_all(df: pd.DataFrame, law: str = "busbridge", *, bootstrap: int = 0, see
     ``start_grid``: ``"paper"`` (486 starts for the full law) or ``"wide"`` (:meth:`Law.start_grid`).
     ``replicates``: ``"mean"`` fits one point per (N, D, precision) cell, the mean over its seeds
     (:func:`average_replicates`); ``"all"`` fits every run as its own point.
-    The bootstrap resamples whole cells — the base run and every precision's run of a cell together — when
-    the design is paired (every precision run once on the base's cells), else each precision's runs apart.
+    ``resample``: what the bootstrap draws. ``"cells"`` (default) resamples whole cells — the base run and every
+    precision's run of a cell together — when the design is paired (every precision run once on the base's
+    cells), else each precision's runs apart: it asks "what if other cells had been run", and on a small
+    designed grid a resample can miss a whole model size. ``"residuals"`` keeps the design fixed (every (N, D)
+    as run) and redraws each point's log-residual from the fit's residuals — the bootstrap of a designed
+    experiment (Efron & Tibshirani 1993, §9.5) — with a cell's base and precision residuals drawn together on a
+    paired design; it assumes the law's form is right and the log-noise is alike across cells.
     """
     t0 = time.perf_counter()
     if replicates not in REPLICATE_MODES:
@@ -323,6 +350,8 @@ def fit_all(df: pd.DataFrame, law: str = "busbridge", *, bootstrap: int = 0, see
         df = df.assign(precision=np.nan)
     if start_grid not in ("paper", "wide"):
         raise AnalysisError(f"start_grid must be paper or wide (got {start_grid!r})")
+    if resample not in RESAMPLE_MODES:
+        raise AnalysisError(f"resample must be one of {', '.join(RESAMPLE_MODES)} (got {resample!r})")
     if exclude:
         try:
             hit = df.query(exclude)
@@ -373,9 +402,14 @@ def fit_all(df: pd.DataFrame, law: str = "busbridge", *, bootstrap: int = 0, see
     warm = np.array(base.basins)
     cells = _paired_cells(base_df, groups)
     by_cell = [{c: i for i, c in enumerate(zip(rows["n_params"], rows["tokens"]))} for *_, rows in groups]
+    resid = _residuals(base, effs, base_df, groups) if resample == "residuals" else None
+    cell_at = {c: k for k, c in enumerate(cells)} if cells is not None else {}
     for _ in it:
         idx = rng.integers(0, len(base_df), len(base_df))
-        sample = base_df.iloc[idx]
+        if resid is not None:
+            sample = base_df.assign(loss=np.exp(resid[0][0] + resid[0][1][idx]))
+        else:
+            sample = base_df.iloc[idx]
         if sample[["n_params", "tokens"]].drop_duplicates().shape[0] < lw.n_free:
             continue
         try:
@@ -389,7 +423,16 @@ def fit_all(df: pd.DataFrame, law: str = "busbridge", *, bootstrap: int = 0, see
         for e, (label, fw, bw, kind, rows), pos in zip(effs, groups, by_cell):
             if not np.isfinite(e.eff_n) or len(rows) == 0:
                 continue
-            if cells is not None:  # the same cells as the base sample: gaps stay paired
+            if resid is not None:  # the design as run; residuals drawn with the base's where paired
+                pred, res = resid[1][label]
+                if cells is not None:
+                    src = [pos.get(cells[i]) for i in idx]  # the group's residual at the base's drawn cell
+                    draw = [src[cell_at[c]] for c in zip(rows["n_params"], rows["tokens"])]
+                    draw = np.array([j if j is not None else rng.integers(0, len(rows)) for j in draw])
+                else:
+                    draw = rng.integers(0, len(rows), len(rows))
+                r = rows.assign(loss=np.exp(pred + res[draw]))
+            elif cells is not None:  # the same cells as the base sample: gaps stay paired
                 pick = [pos[cells[i]] for i in idx if cells[i] in pos]
                 if not pick:
                     continue
@@ -444,7 +487,9 @@ def fit_all(df: pd.DataFrame, law: str = "busbridge", *, bootstrap: int = 0, see
         "options": {"huber_delta": delta, "bootstrap": bootstrap, "seed": seed, "base_label": base_label,
                     "replicates": replicates, "runs": n_runs, "points": len(df), "exclude": exclude,
                     "start_grid": start_grid,
-                    "bootstrap_resamples": "cells (paired)" if cells is not None else "runs per precision",
+                    "bootstrap_resamples": (("residuals, design fixed (paired)" if cells is not None else
+                                             "residuals, design fixed (per precision)") if resample == "residuals"
+                                            else "cells (paired)" if cells is not None else "runs per precision"),
                     "selections": {f"{k[0]}:{k[1]}": v for k, v in (selections or {}).items()},
                     "starts": int(base.multistart.n_starts), "headline_at": {"n": ref_n, "ratio": at_ratio}},
         "base_range": {"n_min": float(base_df["n_params"].min()), "n_max": float(base_df["n_params"].max()),
@@ -453,7 +498,7 @@ def fit_all(df: pd.DataFrame, law: str = "busbridge", *, bootstrap: int = 0, see
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
     return FitReport(base=base, efficiencies=tuple(effs), base_intervals=base_int, eff_intervals=eff_int,
-                     bootstrap={"requested": bootstrap, "used": used, "seed": seed}, forecasts=tuple(fc),
+                     bootstrap={"requested": bootstrap, "used": used, "seed": seed, "resample": resample}, forecasts=tuple(fc),
                      headlines=heads, dropped=tuple(df.attrs.get("dropped", ())), provenance=provenance,
                      seconds=time.perf_counter() - t0, samples=tuple(samples))
 
@@ -471,7 +516,8 @@ def seed_noise_log(df: pd.DataFrame, base_label: str = BASE_LABEL) -> float:
 
 
 def e_profile(df: pd.DataFrame, law: str = "busbridge", *, points: int = 16, base_label: str = BASE_LABEL,
-              delta: float = HUBER_DELTA, replicates: str = "mean", bootstrap: int = 0, seed: int = 0) -> pd.DataFrame:
+              delta: float = HUBER_DELTA, replicates: str = "mean", bootstrap: int = 0, seed: int = 0,
+              resample: str = "cells") -> pd.DataFrame:
     """The profile of the fit over the irreducible loss: E fixed on a grid from 0 to 0.95 × the lowest base loss,
     every other base parameter and each precision's efficiencies refitted at each E.
 
@@ -482,7 +528,7 @@ def e_profile(df: pd.DataFrame, law: str = "busbridge", *, points: int = 16, bas
     range over the admissible rows is what the data say whatever E is (point estimates).
 
     ``bootstrap > 0`` adds, at every admissible E (every E when admissibility is unknown), the 95% bootstrap
-    interval of each efficiency with E held at that value (:func:`fit_all`'s paired cell bootstrap):
+    interval of each efficiency with E held at that value (:func:`fit_all`'s bootstrap, ``resample`` as there):
     ``<scheme>_effN_lo`` / ``_effN_hi`` / ``_effD_lo`` / ``_effD_hi``. E is a nuisance parameter the data do
     not pin down; an efficiency whose interval excludes 1 at *every* admissible E is a cost whatever E is
     (:func:`profile_ranges` gives the envelope).
@@ -519,7 +565,7 @@ def e_profile(df: pd.DataFrame, law: str = "busbridge", *, points: int = 16, bas
                 row[f"{label}_effN"] = row[f"{label}_effD"] = np.nan
         if bootstrap > 0 and row["admissible"] is not False:
             rep = fit_all(raw, fixed, bootstrap=bootstrap, seed=seed, selections=None, base_label=base_label,
-                          delta=delta, forecasts=False, replicates=replicates)
+                          delta=delta, forecasts=False, replicates=replicates, resample=resample)
             for label, ints in rep.eff_intervals.items():
                 for key, name in (("eff_n", "effN"), ("eff_d", "effD")):
                     row[f"{label}_{name}_lo"], row[f"{label}_{name}_hi"] = (float(v) for v in ints[key])

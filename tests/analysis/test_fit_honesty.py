@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from analysis.errors import AnalysisError
 from analysis.fit import fit_base, fit_efficiency
 from analysis.laws import predict
 from analysis.report import fit_all
@@ -151,6 +152,27 @@ def test_e_profile_bootstrap_gives_each_efficiency_an_interval_whatever_e_is():
     free = profile_ranges(e_profile(_table(cells, 0.004, 7, eff=(1.0, 1.0), seeds_at=cells[::5]), points=5,
                                     bootstrap=24, seed=1))["q"]
     assert free["eff_n_interval"][0] < 1 < free["eff_n_interval"][1] and free["eff_n_includes_1_at_E"]
+
+
+def test_residual_bootstrap_keeps_the_design_and_brackets_the_planted_efficiency():
+    """resample="residuals": every resample keeps the grid as run (no model size goes missing) and redraws
+    log-residuals, a cell's base and quartet residuals together; a planted effN 0.6 gets an interval around its
+    estimate that excludes 1, a planted no-cost scheme's includes 1. An unknown mode is a one-line error.
+    (Coverage is measured, not asserted here: benchmarks/bootstrap_coverage.py.)"""
+    table = _table(PAPER_CELLS, 0.002, 5)
+    rep = fit_all(table, "busbridge", bootstrap=40, seed=0, resample="residuals", forecasts=False)
+    assert rep.bootstrap == {"requested": 40, "used": 40, "seed": 0, "resample": "residuals"}
+    assert rep.provenance["options"]["bootstrap_resamples"] == "residuals, design fixed (paired)"
+    lo, hi = rep.eff_intervals["q"]["eff_n"]
+    assert lo < rep.eff("q").eff_n < hi < 1
+    free = fit_all(_table(PAPER_CELLS, 0.002, 5, eff=(1.0, 1.0)), "busbridge", bootstrap=40, seed=0,
+                   resample="residuals", forecasts=False)
+    lo, hi = free.eff_intervals["q"]["eff_n"]
+    assert lo < 1 < hi
+    # each resample refits the same 16 (N, D) cells: the base's sampled parameters vary, the design does not
+    assert len({tuple(np.round(list(b.values()), 6)) for b, _ in rep.samples}) == 40
+    with pytest.raises(AnalysisError, match="resample must be one of cells, residuals"):
+        fit_all(table, "busbridge", bootstrap=2, resample="runs")
 
 
 def test_too_few_points_is_the_reason_even_when_the_fit_also_degenerates():
