@@ -176,7 +176,8 @@ def luq_quantize(x: torch.Tensor, generator: torch.Generator | None = None, leve
     # Stochastic underflow below the smallest level.
     under = torch.where(u * alpha < a, alpha, torch.zeros_like(a))
     # Log SR between lo = 2^floor(log2 a) (relative to amax) and 2·lo.
-    lo = torch.exp2(torch.floor(torch.log2(torch.clamp(a, min=alpha) / amax))) * amax
+    # (exact exponent: frexp, not floor(log2), which rounds up just below a power of two)
+    lo = torch.exp2((torch.frexp(torch.clamp(a, min=alpha) / amax).exponent - 1).float()) * amax
     up = u < (a - lo) / lo
     over = torch.where(up, 2 * lo, lo).clamp(max=amax)
     q = torch.where(a < alpha, under, over)

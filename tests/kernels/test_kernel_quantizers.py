@@ -276,3 +276,17 @@ def test_dual_gradient_quantizer_equals_two_single_passes(stochastic):
         for q, r in ((qa, ra), (qb, rb)):
             v, w = q.fp8.float() * q.row_scale, r.deq
             assert ((v - w).abs() <= w.abs().amax() / 2).all()
+
+
+@pytest.mark.parametrize("rule", ["absmax", "rtn_absmax"])
+def test_absmax_scales_just_below_powers_of_two_match_the_oracle(rule):
+    """Group maxima a hair below 2^k (float32 inputs): the kernel reads the exponent bits, the oracle frexp —
+    both give 2^(k-1-2), bitwise equal values (float32 log2 would round these up to 2^k)."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.rand(32, 128, generator=g) * 0.5
+    for r in range(32):
+        for j in range(4):
+            x[r, 32 * j + (r + j) % 32] = 2.0 ** (r - 16 + 3 * j) * (1 - 2.0 ** -24) * (-1) ** r
+    out = tq.mx_quantize(x.to(DEV), axis=-1, rule=rule, hadamard=False, out_dtype=torch.float32)
+    ref = mx.absmax_mxfp4(x) if rule == "absmax" else mx.rtn_absmax_mxfp4(x)
+    assert torch.equal(out.deq.cpu(), ref)

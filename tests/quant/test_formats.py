@@ -131,3 +131,18 @@ def test_quant_package_imports_with_only_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert 0.005 < float(out.stdout.strip().splitlines()[-1]) < 0.03
+
+
+def test_scale_exponent_is_exact_just_below_a_power_of_two():
+    """floor(log2 v) taken in float32 rounds up for v = 2^k·(1−2⁻²⁴); the scale must come from the exact exponent:
+    amax = 8·(1−2⁻²⁴) gets the OCP scale 2^(2−2) = 1, so its value rounds to 6, not to 8 (scale 2)."""
+    from quartet.quant import mx
+
+    below = torch.tensor([2.0 ** k * (1 - 2.0 ** -24) for k in range(-100, 101, 7)], dtype=torch.float32)
+    assert torch.equal(mx._pow2_floor(below), torch.tensor([2.0 ** (k - 1) for k in range(-100, 101, 7)]))
+    exact = torch.tensor([2.0 ** k for k in range(-126, 128, 9)], dtype=torch.float32)
+    assert torch.equal(mx._pow2_floor(exact), exact)
+    assert torch.equal(mx._pow2_floor(torch.tensor([2.0 ** -140, 0.0])), torch.tensor([2.0 ** -127, 1.0]))
+    x = torch.zeros(32)
+    x[0] = 8 * (1 - 2.0 ** -24)
+    assert mx.absmax_scales(x).item() == 1.0 and mx.rtn_absmax_mxfp4(x)[0].item() == 6.0
