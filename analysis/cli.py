@@ -226,13 +226,13 @@ def _print_profile(df, args) -> None:
               "judged; read the table")
     if ranges:
         lo, hi = ranges["E"]
-        for label, r in ranges.items():
-            if label != "E":
-                print(f"• over E in [{lo:.3g}, {hi:.3g}]: {label} effN {r['eff_n'][0]:.3f}-{r['eff_n'][1]:.3f}, "
-                      f"effD {r['eff_d'][0]:.3f}-{r['eff_d'][1]:.3f} (point estimates)")
-        for label, r in ranges.items():
+        schemes = {label: r for label, r in ranges.items() if label != "E"}
+        for label, r in schemes.items():
+            print(f"• over E in [{lo:.3g}, {hi:.3g}]: {label} effN {r['eff_n'][0]:.3f}-{r['eff_n'][1]:.3f}, "
+                  f"effD {r['eff_d'][0]:.3f}-{r['eff_d'][1]:.3f} (point estimates)")
+        for label, r in schemes.items():  # with --profile-bootstrap: the per-E intervals' envelope
             for key, name in (("eff_n", "effN"), ("eff_d", "effD")):
-                if label == "E" or f"{key}_interval" not in r:
+                if f"{key}_interval" not in r:
                     continue
                 a, b = r[f"{key}_interval"]
                 at = r[f"{key}_includes_1_at_E"]

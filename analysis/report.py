@@ -292,6 +292,13 @@ def _includes_one(e: EffFit, ints: dict) -> str | None:
 RESAMPLE_MODES = ("cells", "residuals")
 
 
+def _resample_label(resample: str, paired: bool) -> str:
+    """How the provenance names what the bootstrap redrew."""
+    if resample == "residuals":
+        return "residuals, design fixed " + ("(paired)" if paired else "(per precision)")
+    return "cells (paired)" if paired else "runs per precision"
+
+
 def _residuals(base: BaseFit, effs: list, base_df: pd.DataFrame, groups) -> tuple:
     """The fitted log-losses and log-residuals the residual bootstrap redraws: ``((pred, res) of the base,
     {scheme: (pred, res)})``, each array in its table's row order (precisions without a fitted efficiency left out)."""
@@ -402,12 +409,14 @@ def fit_all(df: pd.DataFrame, law: str = "busbridge", *, bootstrap: int = 0, see
     warm = np.array(base.basins)
     cells = _paired_cells(base_df, groups)
     by_cell = [{c: i for i, c in enumerate(zip(rows["n_params"], rows["tokens"]))} for *_, rows in groups]
-    resid = _residuals(base, effs, base_df, groups) if resample == "residuals" else None
+    by_residual = resample == "residuals"
+    if by_residual:
+        (base_pred, base_res), eff_resid = _residuals(base, effs, base_df, groups)
     cell_at = {c: k for k, c in enumerate(cells)} if cells is not None else {}
     for _ in it:
         idx = rng.integers(0, len(base_df), len(base_df))
-        if resid is not None:
-            sample = base_df.assign(loss=np.exp(resid[0][0] + resid[0][1][idx]))
+        if by_residual:
+            sample = base_df.assign(loss=np.exp(base_pred + base_res[idx]))
         else:
             sample = base_df.iloc[idx]
         if sample[["n_params", "tokens"]].drop_duplicates().shape[0] < lw.n_free:
@@ -423,8 +432,8 @@ def fit_all(df: pd.DataFrame, law: str = "busbridge", *, bootstrap: int = 0, see
         for e, (label, fw, bw, kind, rows), pos in zip(effs, groups, by_cell):
             if not np.isfinite(e.eff_n) or len(rows) == 0:
                 continue
-            if resid is not None:  # the design as run; residuals drawn with the base's where paired
-                pred, res = resid[1][label]
+            if by_residual:  # the design as run; residuals drawn with the base's where paired
+                pred, res = eff_resid[label]
                 if cells is not None:
                     src = [pos.get(cells[i]) for i in idx]  # the group's residual at the base's drawn cell
                     draw = [src[cell_at[c]] for c in zip(rows["n_params"], rows["tokens"])]
@@ -487,9 +496,7 @@ def fit_all(df: pd.DataFrame, law: str = "busbridge", *, bootstrap: int = 0, see
         "options": {"huber_delta": delta, "bootstrap": bootstrap, "seed": seed, "base_label": base_label,
                     "replicates": replicates, "runs": n_runs, "points": len(df), "exclude": exclude,
                     "start_grid": start_grid,
-                    "bootstrap_resamples": (("residuals, design fixed (paired)" if cells is not None else
-                                             "residuals, design fixed (per precision)") if resample == "residuals"
-                                            else "cells (paired)" if cells is not None else "runs per precision"),
+                    "bootstrap_resamples": _resample_label(resample, paired=cells is not None),
                     "selections": {f"{k[0]}:{k[1]}": v for k, v in (selections or {}).items()},
                     "starts": int(base.multistart.n_starts), "headline_at": {"n": ref_n, "ratio": at_ratio}},
         "base_range": {"n_min": float(base_df["n_params"].min()), "n_max": float(base_df["n_params"].max()),

@@ -489,8 +489,7 @@ def bind_device_draws(model: torch.nn.Module, device) -> DeviceDraws | None:
     layers = [m for m in model.modules() if isinstance(m, FusedQuantLinear)]
     if not layers:
         return None
-    if torch.device(device).type == "cuda":
-        prepare_device(device)  # outside any CUDA-graph pool (the model is compiled afterwards)
+    prepare_device(device)  # outside any CUDA-graph pool (the model is compiled afterwards)
     return DeviceDraws(layers, device)
 
 

@@ -30,6 +30,8 @@ import os
 
 import torch
 
+from quartet.quant.formats import floor_log2
+
 try:  # Triton ships with CUDA builds of torch; on a CPU box it is optional (interpreter mode for tests).
     import triton
     import triton.language as tl
@@ -730,7 +732,7 @@ def _row_exp_bound(x: torch.Tensor, axis: int, rule: str, hadamard: bool) -> tor
     if hadamard:
         amax = amax * 5.6569  # >= sqrt(32) after float rounding
     v = 0.48707976 * amax + 1e-8 if rule == "quest" else amax
-    e = torch.frexp(v).exponent - 1  # floor(log2 v) for v > 0
+    e = floor_log2(v)  # exact, for v > 0
     if rule != "quest":
         e = e - 2
     return torch.where(v > 0, e, torch.full_like(e, -2)).to(torch.int32).contiguous()

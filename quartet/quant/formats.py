@@ -142,14 +142,21 @@ def unpack_e2m1(packed: torch.Tensor) -> torch.Tensor:
     return torch.stack((p & 15, p >> 4), dim=-1).reshape(*p.shape[:-1], p.shape[-1] * 2)
 
 
+def floor_log2(v: torch.Tensor) -> torch.Tensor:
+    """floor(log2 v) for v > 0 (int32), exact: read from ``frexp`` (v = m·2^e, m ∈ [0.5, 1)), subnormals included.
+
+    ``torch.floor(torch.log2(v))`` is not: in float32 it rounds up for v a hair below 2^k (log2(8·(1−2⁻²⁴)) is
+    3.0). Every power-of-two scale of the oracle and the kernels' host side takes its exponent here."""
+    return torch.frexp(v).exponent - 1
+
+
 def e8m0_encode(scale: torch.Tensor) -> torch.Tensor:
     """E8M0 codes (uint8) of positive scales: floor(log2 s) + 127, clamped to [0, 254]; NaN/≤0/Inf → 255.
 
     Exact powers of two 2^-127 … 2^127 round-trip exactly (``frexp`` handles the subnormal 2^-127).
     """
     s = scale.float()
-    _, exp = torch.frexp(s)  # s = m · 2^exp, m ∈ [0.5, 1)
-    code = (exp.to(torch.int64) - 1 + 127).clamp(0, 254)
+    code = (floor_log2(s).to(torch.int64) + 127).clamp(0, 254)
     bad = ~torch.isfinite(s) | (s <= 0)
     return torch.where(bad, torch.full_like(code, 255), code).to(torch.uint8)
 

@@ -30,6 +30,7 @@ from quartet.quant.formats import (
     E4M3_MAX,
     e2m1_encode,
     e8m0_encode,
+    floor_log2,
     round_to_e2m1,
     round_to_fp8,
 )
@@ -57,11 +58,9 @@ def _grouped(x: torch.Tensor, group: int) -> torch.Tensor:
 
 
 def _pow2_floor(v: torch.Tensor) -> torch.Tensor:
-    """2^floor(log2 v) for v > 0, clamped to the E8M0 range; 1.0 where v is 0 (empty group).
-
-    The exponent is read exactly (``frexp``: v = m·2^e, m ∈ [0.5, 1)), as the kernels read the float's exponent
-    bits: ``floor(log2(v))`` in float32 rounds up for v a hair below 2^k (log2(8·(1−2⁻²⁴)) is 3.0 in float32)."""
-    e = (torch.frexp(v).exponent - 1).clamp(-127, 127).to(v.dtype)
+    """2^floor(log2 v) for v > 0, clamped to the E8M0 range; 1.0 where v is 0 (empty group). The exponent is exact
+    (:func:`~quartet.quant.formats.floor_log2`), as the kernels read the float's exponent bits."""
+    e = floor_log2(v).clamp(-127, 127).to(v.dtype)
     return torch.where(v > 0, torch.exp2(e), torch.ones_like(v))
 
 

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from quartet.quant import mx
-from quartet.quant.formats import E2M1_MAX, fp8_quantize, int4_quantize, round_to_e2m1
+from quartet.quant.formats import E2M1_MAX, floor_log2, fp8_quantize, int4_quantize, round_to_e2m1
 
 __all__ = [
     "QuantizerSpec",
@@ -175,9 +175,8 @@ def luq_quantize(x: torch.Tensor, generator: torch.Generator | None = None, leve
     u = torch.rand(x.shape, generator=generator, device=x.device, dtype=torch.float32)
     # Stochastic underflow below the smallest level.
     under = torch.where(u * alpha < a, alpha, torch.zeros_like(a))
-    # Log SR between lo = 2^floor(log2 a) (relative to amax) and 2·lo.
-    # (exact exponent: frexp, not floor(log2), which rounds up just below a power of two)
-    lo = torch.exp2((torch.frexp(torch.clamp(a, min=alpha) / amax).exponent - 1).float()) * amax
+    # Log SR between lo = 2^floor(log2 a) (relative to amax, exact exponent) and 2·lo.
+    lo = torch.exp2(floor_log2(torch.clamp(a, min=alpha) / amax).float()) * amax
     up = u < (a - lo) / lo
     over = torch.where(up, 2 * lo, lo).clamp(max=amax)
     q = torch.where(a < alpha, under, over)

@@ -169,7 +169,7 @@ def test_residual_bootstrap_keeps_the_design_and_brackets_the_planted_efficiency
                    resample="residuals", forecasts=False)
     lo, hi = free.eff_intervals["q"]["eff_n"]
     assert lo < 1 < hi
-    # each resample refits the same 16 (N, D) cells: the base's sampled parameters vary, the design does not
+    # every resample redraws residuals on the 16 cells as run (none is skipped for missing cells): 40 distinct refits
     assert len({tuple(np.round(list(b.values()), 6)) for b, _ in rep.samples}) == 40
     with pytest.raises(AnalysisError, match="resample must be one of cells, residuals"):
         fit_all(table, "busbridge", bootstrap=2, resample="runs")
