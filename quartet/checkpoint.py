@@ -1,14 +1,64 @@
-"""Atomic checkpoint files: write to ``<name>.tmp``, fsync, then ``os.replace`` over the old one.
+"""Checkpoint files: verified by a checksum, written atomically, the previous one kept as a fallback.
 
-A crash or kill at any moment leaves either the previous complete checkpoint or the new complete one
-under the final name (``os.replace`` is atomic on POSIX); a stale ``.tmp`` is ignored and overwritten.
+Why: one unverified file meant a truncated or bit-flipped ``last.pt`` either crashed the resume with a raw
+traceback (and the run looked reset to step 0) or, worse, loaded silently. So:
+
+* **Format.** A checkpoint file is one fixed-length ASCII header line followed by the ``torch.save`` bytes::
+
+      quartet-checkpoint v1 sha256=<64 hex> bytes=<20 digits>\\n<torch.save payload>
+
+  The header holds the sha256 and the length of the payload, so a load detects a truncated file (too few
+  bytes) and any changed byte (checksum mismatch) before unpickling anything. The checksum lives inside
+  the file, not in a sidecar, so a rename moves file and checksum together (no two-file atomicity to get
+  wrong). Files from before this scheme (a bare ``torch.save`` zip) still load, with a one-line warning
+  that they are unverified.
+* **Atomic write, two generations.** :func:`save_atomic` writes ``<name>.tmp`` completely (hashing while it
+  writes), fsyncs it, then ``os.replace``s the current ``last.pt`` to ``prev.pt`` and the tmp to
+  ``last.pt``, and fsyncs the folder. A crash before the rotation leaves ``last.pt`` and ``prev.pt`` as
+  they were (a stale ``.tmp`` is ignored and overwritten); a crash between the two renames leaves a
+  complete ``prev.pt``. At every moment at least one complete, verifiable checkpoint exists.
+* **Load with fallback.** :func:`load_latest` loads ``last.pt``; if it is missing, truncated, unreadable
+  or fails its checksum, it warns in one line naming the file and why, moves the bad file aside to
+  ``last.pt.bad`` (so the next save does not rotate it over the good ``prev.pt``) and loads ``prev.pt``.
+  If neither is usable it raises :class:`CheckpointError` naming both files and what to do.
 """
 from __future__ import annotations
 
+import hashlib
 import os
+import re
+import warnings
 from pathlib import Path
+from typing import Callable
 
 import torch
+
+from quartet.errors import QuartetError
+
+_HEADER = "quartet-checkpoint v1 sha256={sha} bytes={n:020d}\n"
+HEADER_LEN = len(_HEADER.format(sha="0" * 64, n=0))
+_HEADER_RE = re.compile(rb"quartet-checkpoint v1 sha256=([0-9a-f]{64}) bytes=(\d{20})\n")
+_MAGIC = b"quartet-checkpoint "
+_CHUNK = 1 << 24
+
+
+class CheckpointError(QuartetError):
+    """A checkpoint file is missing, truncated, unreadable or fails its checksum (one-line message)."""
+
+
+class _HashingWriter:
+    """File-like that forwards writes to ``fh`` and hashes / counts the bytes."""
+
+    def __init__(self, fh):
+        self.fh, self.sha, self.n = fh, hashlib.sha256(), 0
+
+    def write(self, data) -> int:
+        self.sha.update(data)
+        self.n += len(data)
+        return self.fh.write(data)
+
+    def flush(self) -> None:
+        self.fh.flush()
 
 
 def _serialize(obj, fh) -> None:
@@ -16,27 +66,112 @@ def _serialize(obj, fh) -> None:
     torch.save(obj, fh)
 
 
-def save_atomic(obj, path: str | Path) -> Path:
-    """Save ``obj`` with torch.save to ``path`` atomically (tmp file + fsync + os.replace + dir fsync)."""
+def prev_path(path: str | Path) -> Path:
+    """The previous generation kept beside ``path``: ``ckpt/last.pt`` -> ``ckpt/prev.pt``."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as fh:
-        _serialize(obj, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    try:  # make the rename itself durable
-        fd = os.open(path.parent, os.O_RDONLY)
+    return path.with_name("prev" + path.suffix)
+
+
+def exists(path: str | Path) -> bool:
+    """True when ``path`` or its previous generation exists (a run to resume, whether or not it verifies)."""
+    return Path(path).is_file() or prev_path(path).is_file()
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:  # make the renames themselves durable
+        fd = os.open(folder, os.O_RDONLY)
         try:
             os.fsync(fd)
         finally:
             os.close(fd)
     except OSError:  # pragma: no cover - some filesystems refuse directory fsync
         pass
+
+
+def save_atomic(obj, path: str | Path) -> Path:
+    """Save ``obj`` to ``path`` with a checksum header; the old ``path`` becomes ``prev.pt`` (module docstring)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(b" " * HEADER_LEN)  # placeholder: the header is known only after the payload
+        writer = _HashingWriter(fh)
+        _serialize(obj, writer)
+        fh.seek(0)
+        fh.write(_HEADER.format(sha=writer.sha.hexdigest(), n=writer.n).encode())
+        fh.flush()
+        os.fsync(fh.fileno())
+    if path.is_file():
+        os.replace(path, prev_path(path))
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
     return path
 
 
-def load(path: str | Path, map_location="cpu") -> dict:
-    """Load a checkpoint written by :func:`save_atomic` (our own file: full unpickling is allowed)."""
-    return torch.load(Path(path), map_location=map_location, weights_only=False)
+def load(path: str | Path, map_location="cpu", warn: Callable[[str], object] | None = None) -> dict:
+    """Load and verify one checkpoint written by :func:`save_atomic` (our own file: full unpickling).
+
+    Raises :class:`CheckpointError` (one line: the file and why) if it is missing, truncated, unreadable
+    or fails its checksum. A file without a header (written before checksums) loads unverified after a
+    one-line ``warn`` (default: :func:`warnings.warn`).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: missing")
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(HEADER_LEN)
+            if not head:
+                raise CheckpointError(f"{path}: empty (0 bytes)")
+            if not head.startswith(_MAGIC[:len(head)]):
+                (warn or warnings.warn)(f"{path}: no checksum (written before checksums were added); loaded unverified")
+                fh.seek(0)
+                return torch.load(fh, map_location=map_location, weights_only=False)
+            m = _HEADER_RE.fullmatch(head)
+            if m is None:
+                raise CheckpointError(f"{path}: truncated or damaged header ({path.stat().st_size} bytes)")
+            want_sha, want_n = m.group(1).decode(), int(m.group(2))
+            sha, n = hashlib.sha256(), 0
+            while chunk := fh.read(_CHUNK):
+                sha.update(chunk)
+                n += len(chunk)
+            if n != want_n:
+                raise CheckpointError(f"{path}: truncated ({n} of {want_n} payload bytes)")
+            if sha.hexdigest() != want_sha:
+                raise CheckpointError(f"{path}: checksum mismatch (sha256 {sha.hexdigest()[:12]}... != "
+                                      f"{want_sha[:12]}... recorded): the file changed after it was written")
+            fh.seek(HEADER_LEN)
+            return torch.load(fh, map_location=map_location, weights_only=False)
+    except CheckpointError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any unpickling / zip / IO failure: name the file, one line
+        first = (str(exc).splitlines() or [""])[0][:200]
+        raise CheckpointError(f"{path}: unreadable ({type(exc).__name__}: {first})") from exc
+
+
+def load_latest(path: str | Path, map_location="cpu", warn: Callable[[str], object] | None = None,
+                move_bad: bool = True) -> tuple[dict, Path]:
+    """Load ``path`` (``ckpt/last.pt``), falling back to ``prev.pt`` if it is unusable; returns (state, file).
+
+    A fallback is announced by one ``warn`` line naming the bad file and why; with ``move_bad`` the bad
+    file is renamed to ``<name>.bad`` so the next save keeps ``prev.pt``. Raises :class:`CheckpointError`
+    naming both files and the remedy when neither loads.
+    """
+    warn = warn or warnings.warn
+    path = Path(path)
+    prev = prev_path(path)
+    try:
+        return load(path, map_location, warn), path
+    except CheckpointError as exc:
+        last_err = exc
+    try:
+        state = load(prev, map_location, warn)
+    except CheckpointError as exc:
+        raise CheckpointError(f"no usable checkpoint: {last_err}; {exc}; delete {path.parent} to restart the run "
+                              f"from step 0") from exc
+    moved = ""
+    if move_bad and path.is_file():
+        os.replace(path, path.with_name(path.name + ".bad"))
+        moved = f" (kept as {path.name}.bad)"
+    warn(f"checkpoint {last_err}{moved}; resuming from {prev.name} at step {state.get('step')}")
+    return state, prev

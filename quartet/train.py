@@ -190,7 +190,8 @@ class Trainer:
     """One training run of ``cfg`` into ``run_dir(cfg)``; see docs/ARCHITECTURE.md for the files.
 
     Construction validates everything (config, data, precision scheme) before any file is written,
-    so a bad input leaves no run directory behind. ``run()`` resumes from ``ckpt/last.pt`` when present.
+    so a bad input leaves no run directory behind. ``run()`` resumes from ``ckpt/last.pt`` when present
+    (from ``ckpt/prev.pt`` when last.pt is missing or fails its checksum; see :mod:`quartet.checkpoint`).
     """
 
     def __init__(self, cfg: DictConfig):
@@ -279,7 +280,7 @@ class Trainer:
         return self.dir / "ckpt" / "last.pt"
 
     def save_checkpoint(self) -> None:
-        """Write ckpt/last.pt atomically (rank 0; all ranks wait for it)."""
+        """Write ckpt/last.pt atomically with a checksum, the old one kept as ckpt/prev.pt (rank 0; all ranks wait)."""
         if self.is_main:
             state = {
                 "step": self.step, "run_id": self.run_id, "config_hash": self.config_hash,
@@ -293,9 +294,11 @@ class Trainer:
         qdist.barrier(self.dist)
 
     def _load_checkpoint(self) -> None:
-        state = ckpt_io.load(self.ckpt_path, map_location=self.device)
+        """Restore from ckpt/last.pt, or ckpt/prev.pt when last.pt is bad (one warning line; see quartet.checkpoint)."""
+        state, path = ckpt_io.load_latest(self.ckpt_path, map_location=self.device, move_bad=self.is_main,
+                                          warn=self.log.warning if self.is_main else (lambda _msg: None))
         if state.get("config_hash") != self.config_hash:
-            raise QuartetError(f"checkpoint {self.ckpt_path} belongs to another config (hash "
+            raise QuartetError(f"checkpoint {path} belongs to another config (hash "
                                f"{str(state.get('config_hash'))[:8]} != {self.config_hash[:8]}); move it away")
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
@@ -311,7 +314,8 @@ class Trainer:
         self.elapsed_prev = float(state.get("elapsed_s", 0.0))
 
     # -- files -------------------------------------------------------------------------------
-    def _write_state(self, state: str, error: str | None = None) -> None:
+    def _write_state(self, state: str, error: str | None = None, keep_step: bool = False) -> None:
+        """Replace state.json; ``keep_step`` keeps its recorded step (the checkpoint could not be loaded)."""
         if not self.is_main:
             return
         path = self.dir / "state.json"
@@ -320,7 +324,8 @@ class Trainer:
             with contextlib.suppress(Exception):
                 prev = json.loads(path.read_text())
         write_json_atomic(path, {
-            "state": state, "step": self.step, "total_steps": self.res.steps, "updated": _now(), "error": error,
+            "state": state, "step": prev.get("step", self.step) if keep_step else self.step,
+            "total_steps": self.res.steps, "updated": _now(), "error": error,
             "job_id": os.environ.get("SLURM_JOB_ID") or prev.get("job_id"), "host": socket.gethostname(),
             "run_id": self.run_id,
         })
@@ -517,13 +522,16 @@ class Trainer:
         qdist.barrier(self.dist)
         self._setup_logging()
         wandb = None
+        resuming = False
         try:
             if self.is_main:
                 OmegaConf.save(self.cfg, self.dir / "config.yaml", resolve=True)
                 write_json_atomic(self.dir / "env.json", environment_info(self.device))
                 write_json_atomic(self.dir / "quant_map.json", self.plan.to_dict())
-            if self.ckpt_path.is_file():
+            if ckpt_io.exists(self.ckpt_path):
+                resuming = True  # until loaded, self.step (0) is not the run's step: keep the recorded one
                 self._load_checkpoint()
+                resuming = False
                 self.log.info("resuming %s from step %d/%d", self.run_id, self.step, self.res.steps)
             if self.is_main:
                 self._truncate_metrics()
@@ -548,7 +556,8 @@ class Trainer:
                 (self.dir / "error.txt").write_text(
                     (str(exc) + "\n\n" if isinstance(exc, NonFiniteError) else "") + traceback.format_exc())
                 self._write_state("failed" if failed else "preempted",
-                                  error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+                                  error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+                                  keep_step=resuming)
                 self.log.error("run failed: %s", exc)
             if wandb is not None:
                 wandb.finish(1)
