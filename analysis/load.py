@@ -211,10 +211,11 @@ def _read_yaml(path: Path) -> dict:
         return {}
     import yaml
 
-    try:
-        return yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError:
+    try:  # a corrupt config.yaml (not UTF-8, not YAML) is as good as none: the summary carries the numbers
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return {}
+    return data if isinstance(data, dict) else {}
 
 
 def _nested(d: dict, dotted: str, default=None):
@@ -308,7 +309,8 @@ def _first_train_loss(path: Path) -> float | None:
             for line in fh:
                 line = line.strip()
                 if line:
-                    val = json.loads(line).get("loss")
+                    row = json.loads(line)
+                    val = row.get("loss") if isinstance(row, dict) else None
                     return float(val) if val is not None and math.isfinite(float(val)) else None
     except (OSError, json.JSONDecodeError, TypeError, ValueError):
         return None

@@ -69,6 +69,16 @@ def make_plan(name: str, cluster: str | None, overrides: list[str], runs_dir: st
     return build_plan(spec, profile, root, run_ov, with_state=with_state, progress=True)
 
 
+def check_corrupt(plan: Plan) -> None:
+    """QuartetError (one line naming the file) when a run's summary.json is corrupt: such a run may have
+    finished, so the launch neither retrains it nor starts the others until the file is dealt with."""
+    bad = plan.corrupt()
+    if bad:
+        more = f" ({len(bad) - 1} more run(s) have a corrupt summary.json)" if len(bad) > 1 else ""
+        first = runstate.corrupt_summary(bad[0].run_dir) or bad[0].view.error
+        raise QuartetError(f"sweep {plan.spec.name}: {first}{more}; nothing was submitted")
+
+
 def claim_and_prepare(plan: Plan, runs: list[PlannedRun]) -> tuple[list[PlannedRun], list[PlannedRun]]:
     """Claim each run and write its config.yaml; returns (claimed, taken by another launch)."""
     from cluster import slurm
@@ -330,6 +340,11 @@ def cli_main(argv: list[str] | None = None) -> int:
         print(f"quartet sweep: error: {exc}", file=sys.stderr)
         return 2
     render_plan(plan, console, max_rows=args.max_rows)
+    try:
+        check_corrupt(plan)
+    except QuartetError as exc:
+        print(f"quartet sweep: error: {exc}", file=sys.stderr)
+        return 2
     if args.dry_run:
         console.print("dry run: nothing written, nothing submitted")
         return 0

@@ -43,20 +43,20 @@ class PlannedRun:
 
     @property
     def state(self) -> str:
-        """done | running | failed | preempted | cancelled | new (what the plan table shows)."""
+        """done | running | failed | preempted | cancelled | corrupt | new (what the plan table shows)."""
         v = self.view
         if v is None or v.state == "new":
             return "new"
-        if v.state == "completed":
-            return "done"
+        if v.state in {"completed", "corrupt"}:
+            return "done" if v.state == "completed" else "corrupt"
         if v.live:
             return "running"
         return v.state if v.state in {"failed", "preempted", "cancelled"} else "new"
 
     @property
     def to_submit(self) -> bool:
-        """Submit unless finished or someone is on it."""
-        return self.state not in {"done", "running"}
+        """Submit unless finished, someone is on it, or its summary.json is corrupt (maybe finished)."""
+        return self.state not in {"done", "running", "corrupt"}
 
 
 @dataclass
@@ -79,6 +79,10 @@ class Plan:
         for r in self.runs:
             out[r.state] = out.get(r.state, 0) + 1
         return out
+
+    def corrupt(self) -> list[PlannedRun]:
+        """Runs whose summary.json exists but is unreadable (see ``runstate.corrupt_summary``)."""
+        return [r for r in self.runs if r.state == "corrupt"]
 
     def pending(self) -> list[PlannedRun]:
         """Runs to submit now."""
@@ -228,7 +232,7 @@ def render_plan(plan: Plan, console=None, max_rows: int | None = None) -> None:
     total_h = sum(r.hours for r in plan.runs)
     todo_h = sum(r.hours for r in plan.pending())
     console.print(
-        f"[bold]{len(plan.runs)} runs[/]: " + ", ".join(f"{counts.get(k, 0)} {k}" for k in ("new", "done", "running", "failed", "preempted", "cancelled") if counts.get(k))
+        f"[bold]{len(plan.runs)} runs[/]: " + ", ".join(f"{counts.get(k, 0)} {k}" for k in ("new", "done", "running", "failed", "preempted", "cancelled", "corrupt") if counts.get(k))
         + f" | to submit: {len(plan.pending())} | {dev}-hours: {todo_h:.4g} to run, {total_h:.4g} for the whole sweep"
         + f" | FLOPs total {_si(sum(r.flops for r in plan.runs))}"
     )

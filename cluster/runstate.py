@@ -65,6 +65,18 @@ def read_json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def corrupt_summary(run_dir: Path) -> str | None:
+    """One line naming a ``summary.json`` that exists but is not a JSON object (else None).
+
+    Such a run may well have finished: it is neither shown as new nor launched again (a relaunch would
+    train it a second time and append a duplicate final row to its metrics).
+    """
+    path = Path(run_dir) / SUMMARY
+    if not path.exists() or read_json(path) is not None:
+        return None
+    return f"{path} is corrupt (not a JSON object); restore it, or delete it to train the run again"
+
+
 def write_state(run_dir: Path, **fields: Any) -> dict[str, Any]:
     """Update ``state.json`` (merging with what is there) atomically; returns the new state."""
     path = Path(run_dir) / STATE
@@ -224,7 +236,7 @@ class RunView:
 
     run_id: str
     run_dir: Path
-    state: str  # new | pending | running | completed | preempted | failed | cancelled
+    state: str  # new | pending | running | completed | preempted | failed | cancelled | corrupt
     live: bool = False  # a live claim (job queued/running, or a local launcher working on it)
     step: int | None = None
     total_steps: int | None = None
@@ -270,6 +282,11 @@ def inspect(run_dir: Path, queue: dict[str, str] | None = None, reconcile_dead: 
         view.tokens_per_s = summary.get("tokens_per_s", view.tokens_per_s)
         view.step = summary.get("steps", view.step)
         view.total_steps = view.total_steps or summary.get("steps")
+        return view
+    corrupt = corrupt_summary(run_dir)
+    if corrupt is not None:  # maybe finished: never "new", never reconciled or relaunched
+        view.state, view.live = "corrupt", claim_alive(claim, queue)
+        view.error = corrupt.replace(str(run_dir / SUMMARY), SUMMARY, 1)  # the table's column: no long path
         return view
     if view.state == "completed":  # summary.json is the only completion marker (it was deleted)
         view.state = "new"

@@ -14,9 +14,9 @@ from pathlib import Path
 
 from cluster import runstate, slurm
 
-ORDER = ("running", "pending", "preempted", "failed", "cancelled", "new", "completed")
+ORDER = ("running", "pending", "preempted", "failed", "cancelled", "corrupt", "new", "completed")
 STYLE = {"completed": "green", "running": "cyan", "pending": "blue", "preempted": "yellow",
-         "failed": "red", "cancelled": "magenta", "new": "white"}
+         "failed": "red", "cancelled": "magenta", "corrupt": "bold red", "new": "white"}
 
 
 def collect(group_dir: Path) -> list[runstate.RunView]:
@@ -67,8 +67,36 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def missing_sweep_message(arg: str, name: str, root: Path, runs_dir_given: bool) -> str:
+    """One line for a sweep without a folder under ``root``, suggesting a command that works.
+
+    A launchable sweep (``sweeps/NAME.yaml`` or a YAML path) gets ``quartet sweep ...``; any other name
+    (a typo) gets the sweeps that have runs under ``root`` and the ones that can be launched.
+    """
+    from cluster.spec import available_sweeps
+    from quartet.paths import SWEEPS_DIR
+
+    runs_dir = f" --runs-dir {root}" if runs_dir_given else ""
+    launchable = available_sweeps(SWEEPS_DIR)
+    if (arg.endswith((".yaml", ".yml")) and Path(arg).is_file()) or name in launchable:
+        return f"quartet status: no runs of sweep {name!r} under {root} yet (launch it with: quartet sweep {arg}{runs_dir})"
+    with_runs = sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith(".")) if root.is_dir() else []
+    shown = f"`quartet status NAME{runs_dir}` shows one of: {', '.join(with_runs)}" if with_runs else f"no sweep has runs under {root}"
+    return (f"quartet status: no sweep {name!r} (no folder {root / name}, no {SWEEPS_DIR / (name + '.yaml')}); "
+            f"{shown}; `quartet sweep NAME{runs_dir}` launches one of: {', '.join(launchable) or '(none)'}")
+
+
+def report_corrupt(views: list[runstate.RunView]) -> int:
+    """Print one line (stderr) per run whose summary.json is corrupt; 1 when there is any, else 0."""
+    bad = [v for v in views if v.state == "corrupt"]
+    for v in bad:
+        print(f"quartet status: error: run {v.run_id}: {runstate.corrupt_summary(v.run_dir) or v.error}", file=sys.stderr)
+    return 1 if bad else 0
+
+
 def cli_main(argv: list[str] | None = None) -> int:
-    """Entry point of ``quartet status``; exit code 1 when the sweep folder does not exist."""
+    """Entry point of ``quartet status``; exit code 1 when the sweep folder does not exist or a run's
+    summary.json is corrupt (named on stderr)."""
     from rich.console import Console
     from rich.live import Live
 
@@ -80,13 +108,14 @@ def cli_main(argv: list[str] | None = None) -> int:
     group = root / name
     console = Console(width=None if sys.stdout.isatty() else 200)
     if not group.is_dir():
-        console.print(f"quartet status: no runs of sweep {name!r} under {root} (launch it with: quartet sweep {name})")
+        print(missing_sweep_message(args.name, name, root, bool(args.runs_dir)), file=sys.stderr)
         return 1
+    views = collect(group)
     if not args.watch:
-        console.print(render(name, collect(group)))
-        return 0
+        console.print(render(name, views))
+        return report_corrupt(views)
     try:
-        with Live(render(name, collect(group)), console=console, refresh_per_second=1) as live:
+        with Live(render(name, views), console=console, refresh_per_second=1) as live:
             while True:
                 views = collect(group)
                 live.update(render(name, views))
@@ -95,7 +124,7 @@ def cli_main(argv: list[str] | None = None) -> int:
                 time.sleep(max(0.5, args.watch))
     except KeyboardInterrupt:
         pass
-    return 0
+    return report_corrupt(views)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -62,6 +62,11 @@ def execute_run(run_dir: str | Path, job_id: str | None, on_trainer=None, rank: 
     summary = runstate.read_json(run_dir / runstate.SUMMARY)
     if summary is not None:
         return summary
+    corrupt = runstate.corrupt_summary(run_dir)
+    if corrupt is not None:  # maybe finished: neither retrain it nor touch its state.json
+        from quartet.errors import QuartetError
+
+        raise QuartetError(corrupt)
     try:
         from quartet.config import load_config_file
         from quartet.runs import run_dir as run_dir_of

@@ -340,21 +340,70 @@ def compose(overrides: list[str] | None = None, conf_dir: str | Path | None = No
     return cfg
 
 
+#: what to do about a broken saved config (a run directory's config.yaml is rewritten by its launch)
+_CONFIG_FILE_FIX = ("restore it from a copy, or relaunch the run's `quartet sweep NAME` / `quartet train ...` "
+                    "command, which rewrites a run directory's config.yaml")
+
+
+def _read_config_yaml(path: Path) -> DictConfig:
+    """The mapping in a saved config YAML; ConfigError (one line naming the file) when it is not one."""
+    import yaml
+    from omegaconf._utils import get_yaml_loader  # the loader OmegaConf.load uses (floats like 1e-3)
+
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (bad byte at offset {exc.start}), the file is corrupt; "
+                          f"{_CONFIG_FILE_FIX}") from exc
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot be read ({exc.strerror or exc}); {_CONFIG_FILE_FIX}") from exc
+    try:
+        data = yaml.load(text, Loader=get_yaml_loader())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{path}: not valid YAML{where} ({problem}), the file is corrupt or truncated; "
+                          f"{_CONFIG_FILE_FIX}") from exc
+    if not isinstance(data, dict) or not data:
+        what = "empty" if data is None or data == {} else f"a {type(data).__name__}, not a mapping of config groups"
+        raise ConfigError(f"{path}: {what}, the file is corrupt or truncated; {_CONFIG_FILE_FIX}")
+    try:
+        return OmegaConf.create(data)
+    except OmegaConfBaseException as exc:
+        raise ConfigError(f"{path}: {' '.join(str(exc).split())[:200]}; {_CONFIG_FILE_FIX}") from exc
+
+
 def load_config_file(path: str | Path, overrides: list[str] | None = None) -> DictConfig:
-    """Load a run's saved ``config.yaml`` (replay), validated against the schema; dotlist overrides allowed."""
+    """Load a run's saved ``config.yaml`` (replay), validated against the schema; dotlist overrides allowed.
+
+    A file that is not UTF-8, not YAML, not a mapping, or lacks whole sections (truncated) raises a
+    one-line ConfigError naming the file and what to do.
+    """
     path = Path(path)
     if path.is_dir():
         path = path / "config.yaml"
     if not path.is_file():
         raise ConfigError(f"--config-file: {path} does not exist; expected a run directory's config.yaml")
+    loaded = _read_config_yaml(path)
+    schema = OmegaConf.structured(TrainConfig)
     try:
-        loaded = OmegaConf.load(path)
-        schema = OmegaConf.structured(TrainConfig)
         cfg = OmegaConf.merge(schema, loaded)
+    except OmegaConfBaseException as exc:
+        msg = str(_rephrase(exc, [], CONF_DIR))
+        if msg.startswith("bad overrides"):
+            msg = " ".join(str(exc).split())[:200]
+        raise ConfigError(f"{path}: {msg}; {_CONFIG_FILE_FIX}") from exc
+    try:
         if overrides:
             cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([o.lstrip("+") for o in overrides]))
     except OmegaConfBaseException as exc:
         raise _rephrase(exc, list(overrides or []), CONF_DIR) from exc
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        more = f" and {len(missing) - 6} more" if len(missing) > 6 else ""
+        raise ConfigError(f"{path}: lacks {', '.join(missing[:6])}{more}, the file is truncated or not a run's "
+                          f"config.yaml; {_CONFIG_FILE_FIX}")
     return cfg
 
 

@@ -802,13 +802,31 @@ class WindowSampler:
         self.epoch, self.pos = int(state["epoch"]), int(state["pos"])
 
 
-def read_windows(shards: list[np.ndarray], windows: np.ndarray, seq_len: int):
-    """Stack ``tokens[start:start+T+1]`` of each (shard, start) window into (x, y) int64 tensors."""
+def read_windows(shards: list[np.ndarray], windows: np.ndarray, seq_len: int, vocab_size: int | None = None):
+    """Stack ``tokens[start:start+T+1]`` of each (shard, start) window into (x, y) int64 tensors.
+
+    With ``vocab_size`` a token id outside ``[0, vocab_size)`` raises a DataError naming the shard: its
+    bytes are corrupt (``data.verify=size`` checks only a shard's size, not its sha256).
+    """
     import torch
 
     buf = np.stack([np.asarray(shards[int(s)][int(a):int(a) + seq_len + 1], dtype=np.int64) for s, a in windows])
+    if vocab_size is not None and buf.size and int(buf.max()) >= vocab_size:
+        row = int(np.argmax(buf.max(axis=1) >= vocab_size))
+        raise DataError(_corrupt_shard_message(shards[int(windows[row][0])], int(buf[row].max()), vocab_size))
     t = torch.from_numpy(buf)
     return t[:, :-1], t[:, 1:]
+
+
+def _corrupt_shard_message(shard: np.ndarray, token: int, vocab_size: int) -> str:
+    path = Path(getattr(shard, "filename", None) or "?")
+    try:
+        name = json.loads((path.parent / "manifest.json").read_text())["name"]
+    except (OSError, ValueError, KeyError, TypeError):
+        name = "NAME"
+    return (f"data: shard {path} holds token id {token} >= vocab size {vocab_size}, so it is corrupt (data.verify=size "
+            f"checks only sizes); rebuild the data with `quartet data prepare data={name} --force` plus the run's "
+            f"other data.* overrides (`quartet data verify` checks every shard's sha256)")
 
 
 def val_windows(shards: list[np.ndarray], seq_len: int) -> np.ndarray:

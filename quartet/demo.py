@@ -59,10 +59,11 @@ def run_sweep(sweep: str, runs_dir: Path) -> tuple[Path, set[str]]:
     run ids of its plan (the folder may hold runs of an earlier version of the sweep)."""
     from rich.console import Console
 
-    from cluster.launch import claim_and_prepare, make_plan, run_local
+    from cluster.launch import check_corrupt, claim_and_prepare, make_plan, run_local
 
     console = Console(width=None if sys.stdout.isatty() else 160)
     plan = make_plan(sweep, "local", [], str(runs_dir))
+    check_corrupt(plan)
     todo = plan.pending()
     print(f"[2/4 sweep] {sweep}: {len(plan.runs)} runs ({len(plan.runs) - len(todo)} already finished, "
           f"{len(todo)} to train) in {plan.group_dir}")

@@ -346,16 +346,33 @@ class Trainer:
             self.log.removeHandler(h)
             h.close()
 
+    def _metrics_rows(self) -> list[tuple[str, dict]]:
+        """(line, row) of each complete row of metrics.jsonl; QuartetError naming a line that is not a row.
+
+        A torn last line (a crash mid-write) is not JSON and is skipped; valid JSON that is not an object
+        with a numeric step was put there by something else, and the file is left as it is.
+        """
+        path = self.dir / "metrics.jsonl"
+        if not path.is_file():
+            return []
+        rows = []
+        for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if not isinstance(row, dict) or not isinstance(row.get("step", 0), (int, float)):
+                raise QuartetError(f"{path}: line {number} is {line.strip()[:40]!r}, not a metrics row (a JSON object "
+                                   f"with a numeric step); delete or fix that line, then run the same command again")
+            rows.append((line, row))
+        return rows
+
     def _truncate_metrics(self) -> None:
         """Drop metric rows newer than the checkpoint (written before a crash, recomputed on resume)."""
         path = self.dir / "metrics.jsonl"
         if not path.is_file():
             return
-        keep = []
-        for line in path.read_text().splitlines():
-            with contextlib.suppress(json.JSONDecodeError):
-                if json.loads(line).get("step", 0) <= self.step:
-                    keep.append(line)
+        keep = [line for line, row in self._metrics_rows() if row.get("step", 0) <= self.step]
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text("".join(k + "\n" for k in keep))
         os.replace(tmp, path)
@@ -376,7 +393,7 @@ class Trainer:
         self.model.eval()
         total = torch.zeros(2, dtype=torch.float64, device=self.device)
         for i in range(0, len(mine), mb):
-            x, y = read_windows(self.data.val, mine[i:i + mb], self.res.seq_len)
+            x, y = read_windows(self.data.val, mine[i:i + mb], self.res.seq_len, self.res.vocab_size)
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
             with self._autocast():
                 loss_sum = self.model(x, y, reduction="sum")
@@ -452,7 +469,7 @@ class Trainer:
         mb = self.res.micro_batch_size
         batches = []
         for i in range(0, per_rank, mb):
-            x, y = read_windows(self.data.train, mine[i:i + mb], self.res.seq_len)
+            x, y = read_windows(self.data.train, mine[i:i + mb], self.res.seq_len, self.res.vocab_size)
             batches.append((x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)))
         # Global micro-batch numbering: rank r's first micro-batch is r * accum (see the slicing above).
         self.quant.set_step(self.model, self.step + 1, first_call=r * len(batches))
@@ -503,15 +520,29 @@ class Trainer:
         return torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
 
     def _completed_summary(self) -> dict | None:
+        """The run's summary.json (None when absent); QuartetError when it exists but is not a JSON object,
+        so a finished run is never silently trained again (and its metrics never get a second final row)."""
         path = self.dir / "summary.json"
-        if path.is_file():
-            with contextlib.suppress(Exception):
-                return json.loads(path.read_text())
-        return None
+        if not path.is_file():
+            return None
+        try:
+            summary = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):  # ValueError: JSONDecodeError and UnicodeDecodeError
+            summary = None
+        if not isinstance(summary, dict):
+            raise QuartetError(f"{path} is corrupt (not a JSON object) and marks the run as finished; restore it, "
+                               f"or delete it to train the run again")
+        return summary
 
     def run(self) -> dict:
         """Train to the end (or until request_stop); returns the summary (with "state") or a preempted record."""
-        done = self._completed_summary()
+        try:  # checked before anything is written: a corrupt file stops the run with state.json untouched
+            done = self._completed_summary()
+            if done is None:
+                self._metrics_rows()
+        except QuartetError:
+            qdist.teardown(self.dist)
+            raise
         if done is not None:
             if self.is_main:
                 print(f"quartet: {self.dir} is already completed (val_loss={done.get('val_loss')}); not retraining")

@@ -1,6 +1,7 @@
 """Test-wide guards: no network, no caches outside the checkout, markers that skip cleanly.
 
-- wandb is forced offline and its folders live under the test's temp area.
+- wandb is forced offline; its folders, matplotlib's, the compile and Hugging Face caches and pytest's
+  tmp_path folders live under ``.cache/tests`` of the checkout (git-ignored), unless already set.
 - ``gpu`` tests skip without CUDA; ``slurm`` tests skip unless the local Slurm is up
   (``cluster/slurm_local/up.sh``; CI starts it in ``.ci/run``).
 """
@@ -32,6 +33,11 @@ for var, sub in {
 }.items():
     os.environ.setdefault(var, str(_CACHE / sub))
 os.environ.setdefault("QUARTET_CACHE", str(REPO / ".cache"))
+# tmp_path folders under the checkout's (git-ignored) .cache, not /tmp/pytest-of-<user>: pytest keeps the
+# last 3 sessions there (pyproject: only failed tests' folders). Read when the first tmp_path is made
+# (xdist: by the controller, which hands the folder to its workers).
+os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", str(_CACHE / "tmp"))
+Path(os.environ["PYTEST_DEBUG_TEMPROOT"]).mkdir(parents=True, exist_ok=True)
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("MPLBACKEND", "Agg")

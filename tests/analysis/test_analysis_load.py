@@ -188,3 +188,17 @@ def test_mixed_units_duplicates_and_label_case(tmp_path):
     (tmp_path / "g" / "list" / "summary.json").write_text("[]")
     runs = load_runs_dir(tmp_path)
     assert len(runs) == 4 and sum("unreadable" in d["reason"] for d in runs.attrs["dropped"]) == 2
+
+
+def test_corrupt_config_or_metrics_of_a_finished_run_do_not_crash(tmp_path):
+    """A finished run whose config.yaml is not UTF-8 / not a mapping, or whose first metrics line is valid JSON
+    but not an object, used to crash the loader (UnicodeDecodeError / AttributeError); the summary suffices."""
+    runs = tmp_path / "runs"
+    for i, (config, metrics) in enumerate(((b"\xff\xfe", None), (b"[1, 2]\n", b"[1,2]\n3\n"))):
+        run = write_run(runs, "g", f"r{i}", n=2e5 * (i + 1), d=4e6, forward="bf16", backward="bf16", precision="bf16",
+                        loss=3.0)
+        (run / "config.yaml").write_bytes(config)
+        if metrics is not None:
+            (run / "metrics.jsonl").write_bytes(metrics)
+    df = load_runs_dir(runs)
+    assert sorted(df["run_id"]) == ["r0", "r1"] and set(df["loss"]) == {3.0}

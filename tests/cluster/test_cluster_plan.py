@@ -251,3 +251,83 @@ def test_slurm_profile_without_slurm_submits_nothing(tmp_path, capsys, monkeypat
     assert sweep_main([str(write_sweep(tmp_path)), "--cluster", "slurm_local", "--runs-dir", str(runs)]) == 2
     assert "needs Slurm" in capsys.readouterr().err
     assert not runs.exists()
+
+
+# ------------------------------------------------------------------ corrupt run files, misspelled sweeps
+
+
+def _planned_dirs(tmp_path: Path) -> tuple[Path, Path, list[Path]]:
+    sweep, runs = write_sweep(tmp_path), tmp_path / "runs"
+    plan = make_plan(str(sweep), None, [], str(runs), with_state=False)
+    return sweep, runs, [r.run_dir for r in plan.runs]
+
+
+def test_corrupt_summary_is_reported_and_not_relaunched(tmp_path, capsys):
+    """summary.json that is not JSON: status used to show the run as `new` and a launch retrained it; now
+    status names the file (exit 1) and the launch submits nothing (exit 2), the run directory untouched."""
+    sweep, runs, dirs = _planned_dirs(tmp_path)
+    d = dirs[0]
+    d.mkdir(parents=True)
+    (d / "config.yaml").write_text("x: 1\n")
+    runstate.write_state(d, state="completed", step=9, total_steps=9)
+    (d / "summary.json").write_text('{"val_loss": 3.2')
+    before = {p.name: p.read_bytes() for p in d.iterdir()}
+    assert runstate.inspect(d).state == "corrupt"
+
+    assert status_main(["tiny", "--runs-dir", str(runs)]) == 1
+    out, err = capsys.readouterr()
+    assert "1 runs: 1 corrupt" in out and " new" not in out
+    assert err.strip() == (f"quartet status: error: run {d.name}: {d / 'summary.json'} is corrupt (not a JSON "
+                           f"object); restore it, or delete it to train the run again")
+
+    for extra in (["--dry-run"], []):
+        assert sweep_main([str(sweep), "--runs-dir", str(runs), *extra]) == 2
+        out, err = capsys.readouterr()
+        assert "corrupt" in out  # the plan table shows it
+        assert err.count("\n") == 1 and f"{d / 'summary.json'} is corrupt" in err and "nothing was submitted" in err
+    assert {p.name: p.read_bytes() for p in d.iterdir()} == before  # no claim, state still completed
+    assert all(not p.exists() for p in dirs[1:])
+
+
+def test_job_entry_on_corrupt_files_names_them(tmp_path):
+    """The Slurm / local job entry (cluster.task.execute_run): a config.yaml that is not UTF-8 or not YAML
+    used to fail as a bare UnicodeDecodeError / yaml ParserError; a corrupt summary.json got retrained."""
+    from cluster.task import execute_run
+
+    _, _, dirs = _planned_dirs(tmp_path)
+    for d, blob, what in ((dirs[0], b"\xff\xfe model: x\n", "not UTF-8"), (dirs[1], b"model: [x\n", "not valid YAML")):
+        d.mkdir(parents=True)
+        (d / "config.yaml").write_bytes(blob)
+        with pytest.raises(QuartetError, match=what) as info:
+            execute_run(d, "123")
+        assert str(d / "config.yaml") in str(info.value) and "\n" not in str(info.value)
+        state = runstate.read_json(d / "state.json")
+        assert state["state"] == "failed" and state["error"].startswith(f"ConfigError: {d / 'config.yaml'}: {what}")
+        assert (d / "config.yaml").read_bytes() == blob
+    d = dirs[2]
+    d.mkdir(parents=True)
+    runstate.write_state(d, state="completed", step=9)
+    (d / "summary.json").write_text("[1, 2]")
+    state_before = (d / "state.json").read_bytes()
+    with pytest.raises(QuartetError, match="summary.json is corrupt"):
+        execute_run(d, "124")
+    assert (d / "state.json").read_bytes() == state_before and not (d / "error.txt").exists()
+
+
+def test_status_of_a_misspelled_sweep_suggests_commands_that_work(tmp_path, capsys):
+    """`quartet status <typo>` used to suggest `quartet sweep <typo>`, which fails too."""
+    runs = tmp_path / "runs"
+    (runs / "s" / "a").mkdir(parents=True)
+    (runs / "s" / "a" / "config.yaml").write_text("x: 1\n")
+    assert status_main(["ss", "--runs-dir", str(runs)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "no sweep 'ss'" in err
+    assert f"`quartet status NAME --runs-dir {runs}` shows one of: s;" in err
+    assert "launches one of: demo, " in err and "smoke" in err
+    assert status_main(["s", "--runs-dir", str(runs)]) == 0  # the suggested status works
+    capsys.readouterr()
+    # a real sweep without runs yet: the suggested launch names the same runs folder
+    assert status_main(["smoke", "--runs-dir", str(runs)]) == 1
+    assert capsys.readouterr().err.strip() == (f"quartet status: no runs of sweep 'smoke' under {runs} yet (launch it "
+                                               f"with: quartet sweep smoke --runs-dir {runs})")
+    assert sweep_main(["smoke", "--runs-dir", str(runs), "--dry-run"]) == 0  # which works

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from quartet.config import compose, load_config_file
+from quartet.config import compose, load_config_file, to_yaml
 from quartet.data import cli_main as data_main
 from quartet.runs import run_dir
 from quartet.train import Trainer, cli_main as train_main
@@ -101,3 +101,104 @@ def test_train_into_a_file_writes_clean_lines_not_bar_frames(tmp_path, tiny_over
     assert len(steps) >= n_steps // 4 and f"step {n_steps}/{n_steps}" in steps[-1]
     assert any("precision quartet" in ln for ln in proc.stdout.splitlines())
     assert max(len(ln) for ln in proc.stdout.splitlines()) < 400
+
+
+# ---------------------------------------------------------------- corrupt files: one line, exit 2, nothing lost
+
+
+def _one_error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "Traceback" not in err, err
+    assert err.startswith("quartet: error: "), err
+    return err
+
+
+def test_corrupt_config_file_is_one_line_naming_it(tmp_path, tiny_overrides, capsys):
+    """`quartet train --config-file` on a run config that is not UTF-8, not YAML, not a mapping or cut
+    short: one line naming the file, exit 2 (was a 55-line yaml / UnicodeDecodeError traceback)."""
+    good = to_yaml(compose([*tiny_overrides, f"run.out_dir={tmp_path}"]))
+    cases = {
+        "binary": b"\xff\xfe\x00model: x\n",
+        "unclosed": b"model:\n  name: [oops\n  d_model: 8\n",
+        "truncated_mid_line": good.encode()[: len(good) // 2 - 3] + b"\n  bad_key_with_no_colon\n",
+        "truncated_sections": "\n".join(good.splitlines()[:15]).encode() + b"\n",
+        "a_list": b"[1, 2]\n",
+        "empty": b"",
+    }
+    for name, blob in cases.items():
+        path = tmp_path / name / "config.yaml"
+        path.parent.mkdir()
+        path.write_bytes(blob)
+        assert train_main(["--config-file", str(path), "--print-config"]) == 2, name
+        err = _one_error_line(capsys)
+        assert str(path) in err and "restore it" in err, (name, err)
+        assert path.read_bytes() == blob  # nothing rewritten
+        assert sorted(p.name for p in path.parent.iterdir()) == ["config.yaml"]
+    assert "line 3, column" in train_main_err(tmp_path / "unclosed" / "config.yaml", capsys)
+    assert "not UTF-8" in train_main_err(tmp_path / "binary" / "config.yaml", capsys)
+    assert "lacks" in train_main_err(tmp_path / "truncated_sections" / "config.yaml", capsys)
+
+
+def train_main_err(path: Path, capsys) -> str:
+    assert train_main(["--config-file", str(path)]) == 2
+    return _one_error_line(capsys)
+
+
+def test_metrics_row_that_is_not_an_object_stops_resume_with_one_line(tiny_cfg, tiny_overrides, tmp_path, capsys):
+    """A metrics.jsonl line that is valid JSON but not an object (`[1,2]`, `3`): resume used to crash with
+    AttributeError; now one line naming file + line, exit 2, and metrics.jsonl / state.json untouched."""
+    cfg = tiny_cfg()
+    t = Trainer(cfg)
+    t.callbacks.append(lambda tr, row: tr.request_stop() if row["step"] >= 3 else None)
+    t.run()
+    d = run_dir(cfg)
+    for junk in ("[1,2]", "3"):
+        metrics = (d / "metrics.jsonl").read_text()
+        (d / "metrics.jsonl").write_text(metrics + junk + "\n")
+        before = {p.name: p.read_bytes() for p in d.iterdir() if p.is_file()}
+        assert train_main([*tiny_overrides, f"run.out_dir={tmp_path / 'runs'}"]) == 2
+        err = _one_error_line(capsys)
+        assert str(d / "metrics.jsonl") in err and f"line {metrics.count(chr(10)) + 1} is '{junk}'" in err
+        after = {p.name: p.read_bytes() for p in d.iterdir() if p.is_file()}
+        assert after == before  # state.json still says preempted, nothing truncated
+        assert json.loads(after["state.json"])["state"] == "preempted"
+        (d / "metrics.jsonl").write_text(metrics)
+    assert train_main([*tiny_overrides, f"run.out_dir={tmp_path / 'runs'}"]) == 0  # fixed file: resumes
+    assert json.loads((d / "summary.json").read_text())["steps"] == 12
+
+
+def test_corrupt_summary_is_not_retrained(tiny_cfg, tiny_overrides, tmp_path, capsys):
+    """A finished run whose summary.json is corrupt used to be trained again (a duplicate final metrics row);
+    now `quartet train` stops with one line naming the file and leaves the run directory as it is."""
+    cfg = tiny_cfg()
+    Trainer(cfg).run()
+    d = run_dir(cfg)
+    (d / "summary.json").write_text((d / "summary.json").read_text()[:40])
+    before = {p.name: p.read_bytes() for p in d.iterdir() if p.is_file()}
+    assert train_main([*tiny_overrides, f"run.out_dir={tmp_path / 'runs'}"]) == 2
+    err = _one_error_line(capsys)
+    assert f"{d / 'summary.json'} is corrupt" in err and "delete it to train the run again" in err
+    assert {p.name: p.read_bytes() for p in d.iterdir() if p.is_file()} == before
+
+
+def test_corrupt_shard_under_verify_size_names_it(tmp_path, tiny_overrides, capsys):
+    """data.verify=size skips the sha256: a shard of the right size with garbage ids used to end in an
+    IndexError inside the embedding; now one line naming the shard and `quartet data prepare ... --force`."""
+    corpus = tmp_path / "texts"
+    corpus.mkdir()
+    for i in range(40):
+        (corpus / f"{i}.txt").write_text(f"text number {i} about nothing much " * 30)
+    data = ["data=files", f"data.paths=[{corpus}]", "data.vocab_size=300", "data.val_fraction=0.2",
+            f"data.dir={tmp_path / 'data'}", "data.verify=size"]
+    over = [*tiny_overrides, *data, f"run.out_dir={tmp_path / 'runs'}"]
+    assert data_main(["prepare", *data]) == 0
+    capsys.readouterr()
+    shard = tmp_path / "data" / "train-00000.bin"
+    shard.write_bytes(b"\xff" * shard.stat().st_size)  # same size, every id 65535 (uint16) >= 300
+    assert train_main(over) == 2
+    err = _one_error_line(capsys)
+    assert f"shard {shard}" in err and "corrupt" in err and "quartet data prepare data=files --force" in err
+    state = json.loads((run_dir(compose(over)) / "state.json").read_text())
+    assert state["state"] == "failed" and state["error"].startswith("DataError: data: shard")
+    assert data_main(["prepare", *data, "--force"]) == 0  # the suggested command repairs it
+    assert train_main(over) == 0
