@@ -204,15 +204,21 @@ def test_fused_operators_shape_functions_and_autograd_registration(triton_backen
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_traceable_fused_model_compiles_as_one_graph(triton_backend):
-    """fullgraph=True: the fused Quartet layers no longer split the compiled model; the compiled step equals the
-    eager one (quantized layers bitwise here; the compiled rest may round differently)."""
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_traceable_fused_model_compiles_as_one_graph(triton_backend, backend):
+    """fullgraph=True: the fused Quartet layers no longer split the compiled model, and the compiled step equals
+    the eager one. ``aot_eager`` traces the same graph but runs every op as eager does: losses and gradients are
+    bitwise equal. Under ``inductor`` the non-quantized ops round differently (fused kernels, other reduction
+    orders, chosen per machine and process state); a last-bit difference that crosses an MXFP4 rounding boundary
+    flips one code, which on this 64-token model moves a gradient by ~1% (0.78% measured on an H100, where the
+    kernel choices of a whole-suite run or of deterministic mode flipped one): the loss is still held to 1e-5 and
+    the gradients to 3e-2, well under what a wrong draw or a wrong scale does (tens of percent)."""
     base = _model(5)
     eager, traced = copy.deepcopy(base), copy.deepcopy(base)
     for m in (eager, traced):
         Q.apply_precision(m, PrecisionConfig(name="quartet"), seed=2, device=DEV, traceable=True)
     torch._dynamo.reset()
-    compiled = torch.compile(traced, fullgraph=True)
+    compiled = torch.compile(traced, fullgraph=True, backend=backend)
     tokens = torch.randint(0, 128, (2, 33), generator=torch.Generator().manual_seed(1)).to(DEV)
     for step in (1, 2):
         le, ge = _micro_batches(eager, step, 0, [tokens])
@@ -221,9 +227,14 @@ def test_traceable_fused_model_compiles_as_one_graph(triton_backend):
         Q.begin_micro_batch(traced, 0)
         loss = compiled(tokens[:, :-1], tokens[:, 1:])
         loss.backward()
-        assert loss.item() == pytest.approx(le[0], rel=1e-5)
-        for n, p in traced.named_parameters():
-            assert _rel(p.grad, ge[n]) < 1e-4, n
+        if backend == "aot_eager":
+            assert loss.item() == le[0]
+            for n, p in traced.named_parameters():
+                assert torch.equal(p.grad, ge[n]), n
+        else:
+            assert loss.item() == pytest.approx(le[0], rel=1e-5)
+            for n, p in traced.named_parameters():
+                assert _rel(p.grad, ge[n]) < 3e-2, n
 
 
 @pytest.mark.gpu
