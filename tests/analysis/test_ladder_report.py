@@ -86,7 +86,7 @@ def test_committed_ladder_tables_agree_with_its_loss_table():
     """The GPU ladder's committed files are one consistent result: losses.csv -> gaps.csv, and
     `quartet fit benchmarks/results/ladder/losses.csv --bootstrap 200` reproduces the committed fit.json."""
     table = pd.read_csv(LADDER / "losses.csv")
-    assert len(table) == 72 and set(table["precision"]) == {"bf16", "fp8", "quartet"}
+    assert len(table) == 75 and set(table["precision"]) == {"bf16", "fp8", "quartet"}
     assert (table["steps"] >= 500).all()
     gaps = cell_gaps(loss_table(load_table(LADDER / "losses.csv")))
     committed = pd.read_csv(LADDER / "gaps.csv")

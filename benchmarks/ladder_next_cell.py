@@ -1,0 +1,86 @@
+"""Which new ladder cell would tell apart the laws the data cannot? Ask the fitted laws before spending GPU time.
+
+When the irreducible loss E is not identified, every E on the profile grid whose base fit is within the seed noise
+(:func:`analysis.report.e_profile`'s "admissible") is a law the data cannot reject. Those laws agree on the measured
+cells and disagree elsewhere. For each candidate cell this script predicts the bf16 loss under every admissible
+law and reports the spread (max − min over admissible E) against the seed noise of that size (the bf16 loss sd
+at its replicated cell; for a size not yet run, the largest size's). The cell whose spread is many times the
+noise is the one whose measurement rules laws out; GPU cost grows as N² · D/N, so it is listed too
+(``gpu_cost`` = N · D relative to the largest measured cell).
+
+    .venv/bin/python benchmarks/ladder_next_cell.py                     # -> benchmarks/results/ladder/next_cell.csv
+    .venv/bin/python benchmarks/ladder_next_cell.py --drop llama_20m:20 --out /tmp/before_round4.csv
+                                                        # what the round-3 data said before round 4 ran that cell
+
+Point predictions only (no bootstrap): a screen for where to look, not an interval.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from analysis.fit import fit_base
+from analysis.laws import Law, get_law, predict
+from analysis.report import average_replicates, base_rows, seed_noise_log
+
+HERE = Path(__file__).resolve().parent / "results" / "ladder"
+SIZES = {"llama_1m": 1_049_728, "llama_3m": 3_410_176, "llama_7m": 7_081_344, "llama_20m": 20_453_888,
+         "llama_50m": 50_000_000}
+CANDIDATES = [("llama_7m", 40), ("llama_7m", 80), ("llama_20m", 20), ("llama_20m", 40), ("llama_50m", 5),
+              ("llama_50m", 10)]
+
+
+def main(argv=None) -> pd.DataFrame:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--losses", type=Path, default=HERE / "losses.csv")
+    p.add_argument("--drop", action="append", default=[], metavar="MODEL:DN",
+                   help="leave a measured cell out (e.g. to replay an earlier round's decision)")
+    p.add_argument("--out", type=Path, default=HERE / "next_cell.csv")
+    args = p.parse_args(argv)
+    raw = pd.read_csv(args.losses)
+    for item in args.drop:
+        model, dn = item.split(":")
+        raw = raw[~((raw["model"] == model) & (raw["tokens_per_param"].round() == float(dn)))]
+    noise_log = seed_noise_log(raw, "bf16")
+    cells = average_replicates(raw.assign(precision=raw["precision"].fillna("")))
+    base = base_rows(cells, "bf16")
+    lw = get_law("busbridge")
+    lmin = float(base["loss"].min())
+    laws = []
+    for e_val in np.concatenate([[1e-6 * lmin], np.linspace(0.0, 0.95 * lmin, 16)[1:]]):
+        fixed = Law(f"{lw.name}@E", {**lw.fixed, "e": float(np.log(e_val))}, lw.description)
+        fit = fit_base(base["n_params"], base["tokens"], base["loss"], fixed)
+        pred = predict(fit.params, base["n_params"].to_numpy(), base["tokens"].to_numpy())
+        rms = float(np.sqrt(np.mean(np.log(base["loss"].to_numpy() / pred) ** 2)))
+        if rms <= noise_log:
+            laws.append((float(e_val), fit.params))
+    # per-size bf16 seed sd (replicated cells); unseen sizes borrow the largest measured size's
+    bf = raw[raw["precision"] == "bf16"]
+    sd = bf.groupby(["model", "tokens"])["loss"].std().dropna().groupby(level=0).min()
+    largest = max(sd.index, key=lambda m: SIZES.get(m, 0))
+    big = raw[raw["model"] == largest]
+    ref_cost = float((big["n_params"] * big["tokens"]).max())
+    rows = []
+    for model, dn in CANDIDATES:
+        n = SIZES[model]
+        if ((raw["model"] == model) & (raw["tokens_per_param"].round() == dn)).any():
+            continue  # measured already
+        preds = [float(predict(params, np.array([n]), np.array([n * dn]))[0]) for _, params in laws]
+        noise = float(sd.get(model, sd[largest]))
+        spread = max(preds) - min(preds)
+        rows.append({"model": model, "D/N": dn, "pred_min": round(min(preds), 4), "pred_max": round(max(preds), 4),
+                     "spread": round(spread, 4), "bf16_seed_sd": round(noise, 4),
+                     "spread_over_noise": round(spread / noise, 1), "gpu_cost": round(n * n * dn / ref_cost, 2),
+                     "admissible_E": f"{laws[0][0]:.2f}-{laws[-1][0]:.2f} ({len(laws)} laws)"})
+    out = pd.DataFrame(rows)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    out.to_csv(args.out, index=False)
+    print(out.to_string(index=False))
+    return out
+
+
+if __name__ == "__main__":
+    main()
