@@ -12,7 +12,11 @@ noise is the one whose measurement rules laws out; GPU cost grows as N² · D/N,
     .venv/bin/python benchmarks/ladder_next_cell.py --drop llama_20m:20 --out /tmp/before_round4.csv
                                                         # what the round-3 data said before round 4 ran that cell
 
-Point predictions only (no bootstrap): a screen for where to look, not an interval.
+``--what-if`` then asks the question that matters for the fit: plant the candidate's bf16 loss at the lowest and
+at the highest admissible prediction (fp8 and quartet at that size's mean measured gaps), refit with a 100-resample
+cell bootstrap, and report E's interval — does measuring that cell identify E, whatever it turns out to be?
+
+    .venv/bin/python benchmarks/ladder_next_cell.py --what-if           # ~2 min on 2 cores
 """
 from __future__ import annotations
 
@@ -24,7 +28,8 @@ import pandas as pd
 
 from analysis.fit import fit_base
 from analysis.laws import Law, get_law, predict
-from analysis.report import average_replicates, base_rows, seed_noise_log
+from analysis.load import frame_from_table
+from analysis.report import average_replicates, base_rows, fit_all, seed_noise_log
 
 HERE = Path(__file__).resolve().parent / "results" / "ladder"
 SIZES = {"llama_1m": 1_049_728, "llama_3m": 3_410_176, "llama_7m": 7_081_344, "llama_20m": 20_453_888,
@@ -39,6 +44,7 @@ def main(argv=None) -> pd.DataFrame:
     p.add_argument("--drop", action="append", default=[], metavar="MODEL:DN",
                    help="leave a measured cell out (e.g. to replay an earlier round's decision)")
     p.add_argument("--out", type=Path, default=HERE / "next_cell.csv")
+    p.add_argument("--what-if", action="store_true", help="refit with each candidate planted at both ends")
     args = p.parse_args(argv)
     raw = pd.read_csv(args.losses)
     for item in args.drop:
@@ -75,11 +81,27 @@ def main(argv=None) -> pd.DataFrame:
                      "spread": round(spread, 4), "bf16_seed_sd": round(noise, 4),
                      "spread_over_noise": round(spread / noise, 1), "gpu_cost": round(n * n * dn / ref_cost, 2),
                      "admissible_E": f"{laws[0][0]:.2f}-{laws[-1][0]:.2f} ({len(laws)} laws)"})
+        if args.what_if:
+            for end, value in (("low", min(preds)), ("high", max(preds))):
+                rows[-1][f"E_interval_if_{end}"] = _planted_e_interval(raw, model, n, dn, value)
     out = pd.DataFrame(rows)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     out.to_csv(args.out, index=False)
     print(out.to_string(index=False))
     return out
+
+
+def _planted_e_interval(raw: pd.DataFrame, model: str, n: float, dn: float, bf16_loss: float) -> str:
+    """E's 95% cell-bootstrap interval after adding the cell (model, D/N) with the given bf16 loss."""
+    size = raw[raw["model"] == model] if (raw["model"] == model).any() else raw[raw["n_params"] == raw["n_params"].max()]
+    cells = size.groupby(["precision", "tokens"])["loss"].mean().unstack(0)
+    gaps = {p: float((cells[p] - cells["bf16"]).mean()) for p in cells.columns}
+    new = [{"n_params": n, "tokens": n * dn, "forward": p, "backward": p, "loss": bf16_loss + gaps[p], "seed": 0,
+            "model": model, "precision": p, "run_id": f"planted-{model}-{p}"} for p in gaps]
+    table = pd.concat([raw, pd.DataFrame(new)], ignore_index=True)
+    rep = fit_all(frame_from_table(table, name="what-if"), "busbridge", bootstrap=100, seed=0)
+    lo, hi = rep.base_intervals["E"]
+    return f"[{lo:.2f}, {hi:.2f}] ({rep.base.status})"
 
 
 if __name__ == "__main__":
