@@ -8,16 +8,16 @@ from cluster.spec import expand, load_sweep
 
 #: the staircase of docs/ladder.md: D/N per size
 STAIRCASE = {"llama_1m": {"dn10", "dn20", "dn40", "dn80", "dn160"}, "llama_3m": {"dn10", "dn20", "dn40", "dn80"},
-             "llama_7m": {"dn5", "dn10", "dn20"}, "llama_20m": {"dn5", "dn10"}}
+             "llama_7m": {"dn5", "dn10", "dn20"}, "llama_20m": {"dn5", "dn10", "dn20"}}
 
 
 def test_ladder_grid_sizes_budgets_precisions_and_replicates():
     spec = load_sweep("ladder_1gpu")
     runs = expand(spec)
-    assert spec.cluster == "local_gpu" and len(runs) == 42 + 30
+    assert spec.cluster == "local_gpu" and len(runs) == 45 + 30
     grid = {(r.values["model"], r.values["budget"], r.values["precision"]) for r in runs}
     assert {(m, b) for m, b, _ in grid} == {(m, b) for m, bs in STAIRCASE.items() for b in bs}
-    assert len(grid) == 42 and {p for _, _, p in grid} == {"bf16", "fp8", "quartet"}
+    assert len(grid) == 45 and {p for _, _, p in grid} == {"bf16", "fp8", "quartet"}
     # three seeds (0, 1, 2) at five cells -- one at every size, and a long budget at the smallest -- for every
     # precision, each replicate with its own data order
     reps = [r for r in runs if r.values.get("run.seed", 0) != 0]
