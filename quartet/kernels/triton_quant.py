@@ -12,7 +12,11 @@ The maths (the same as the pure-PyTorch oracle in :mod:`quartet.quant`):
   (bf16 products of ±1 are exact, fp32 accumulation) and scale by ``1/√32`` afterwards.
 * A group scale ``σ_g``: QuEST ``2^⌊log2(0.48707976·std(y)+1e-8)⌋`` (population std), the Quartet
   backward absmax rule ``2^(⌊log2 amax⌋−2)·4/3`` (nothing clips), or the OCP rule ``2^(⌊log2 amax⌋−2)``.
-  ``⌊log2 v⌋`` is read from the float's exponent bits, so it is exact (no ``log2`` approximation).
+  ``⌊log2 v⌋`` is read from the float's exponent bits, so it is exact (no ``log2`` approximation). The absmax
+  exponents are clamped to E8M0's range [−127, 127] after the −2 (2^-127 is a float32 subnormal, built from
+  its bits). QuEST's σ of a group whose squares overflow float32 is recomputed on the group scaled by 2^-72
+  (only in tiles that have such a group); a group holding Inf/NaN gets NaN values, mask False, E8M0 code 255
+  (element codes 0) and NaN in FP8 — as the oracle.
 * ``y/σ`` is rounded onto the E2M1 grid {0, .5, 1, 1.5, 2, 3, 4, 6}: round-to-nearest with the thresholds
   0.25/0.75/1.25/1.75/2.5/3.5/5, or stochastically (P(up) = distance to the lower grid point over the
   gap, uniform numbers from Triton's Philox keyed by (seed, element index)); it saturates at 6. The
@@ -69,8 +73,9 @@ if HAS_TRITON:
 
     @triton.jit
     def _exp2i(e):
-        """2**e for an int32 tensor e in [-126, 127], built from the exponent bits (exact)."""
-        return ((e + 127) << 23).to(tl.float32, bitcast=True)
+        """2**e for an int32 tensor e in [-127, 127], built from the exponent bits (exact; 2^-127, E8M0's smallest
+        scale, is the float32 subnormal 0x00400000)."""
+        return tl.where(e > -127, (e + 127) << 23, 0x400000).to(tl.float32, bitcast=True)
 
     @triton.jit
     def _rtn_e2m1(a):
@@ -93,6 +98,13 @@ if HAS_TRITON:
         return _exp2i(half) * _exp2i(p - half)
 
     @triton.jit
+    def _to_fp8_nan(val, dtype: tl.constexpr):
+        """``val.to(dtype)`` (an FP8 dtype) with NaN stored as NaN (0x7F in e4m3fn and e5m2): the cast alone does not
+        promise it (Triton's CPU interpreter turns NaN into 384 in e4m3fn)."""
+        bits = val.to(dtype).to(tl.uint8, bitcast=True)
+        return tl.where(val != val, 0x7F, bits).to(tl.uint8).to(dtype, bitcast=True)
+
+    @triton.jit
     def _fold_store_fp8(sq, e, e_ref, fp8_ptr, offs, inb, flush_ptr, SHIFT: tl.constexpr):
         """Store signed E2M1 values ``sq`` (G, 32) of group exponents ``e`` (G,) as FP8 folded against the
         row / block exponent ``e_ref``: ``fp8(sq · 2^(e − e_ref + shift))``, and add the values that FP8
@@ -100,8 +112,8 @@ if HAS_TRITON:
         nonzero group has ``e_ref = -127`` and only zeros."""
         d = tl.minimum(e - e_ref + SHIFT, SHIFT)
         val = sq * _exp2i(tl.maximum(d, -126))[:, None]
-        f8 = val.to(fp8_ptr.dtype.element_ty)
-        flushed = (f8.to(tl.float32) != val) & inb
+        f8 = _to_fp8_nan(val, fp8_ptr.dtype.element_ty)
+        flushed = (f8.to(tl.float32) != val) & (val == val) & inb  # NaN (a non-finite QuEST group) is not a flush
         tl.atomic_add(flush_ptr, tl.sum(tl.sum(flushed.to(tl.int32), axis=1), axis=0))
         tl.store(fp8_ptr + offs, f8, mask=inb)
 
@@ -182,21 +194,36 @@ if HAS_TRITON:
 
         # ---- group scale exponent (exact floor(log2 v) from the float bits) ---------------------------
         if RULE == 0:
-            # two-pass population std (mean first), as torch.std(unbiased=False) in the oracle
+            # two-pass population std (mean first); the oracle uses the one-pass sqrt(E[y²] − E[y]²), which
+            # agrees after the power-of-two floor (see quartet.quant.mx.quest_scales)
             mean = tl.sum(y, axis=1) / 32.0
             dev_ = y - mean[:, None]
             var = tl.sum(dev_ * dev_, axis=1) / 32.0
-            v = 0.48707976 * tl.sqrt_rn(var) + 1e-8
-            e = ((v.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+            sd = 0.48707976 * tl.sqrt_rn(var)
+            ovf = (var != var) | (var > 3.4028234663852886e38)
+            if tl.max(ovf.to(tl.int32), axis=0) > 0:
+                # rare: some group's squares overflowed float32 (|y| ≳ 1e19) or it holds Inf/NaN. Redo those
+                # groups scaled by 2^-72 (exact), as the oracle; Inf/NaN stay non-finite (NaN scale below)
+                ys = y * tl.where(ovf, 2.117582368135751e-22, 1.0)[:, None]
+                mean_s = tl.sum(ys, axis=1) / 32.0
+                dev_s = ys - mean_s[:, None]
+                var_s = tl.sum(dev_s * dev_s, axis=1) / 32.0
+                sd = tl.where(ovf, (0.48707976 * tl.sqrt_rn(var_s)) * 4.722366482869645e21, sd)
+            v = sd + 1e-8
+            e = ((v.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127  # 128 where v is Inf/NaN: E8M0 code 255
         else:
             v = tl.max(tl.abs(y), axis=1)
             e = ((v.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127 - 2
-            e = tl.where(v > 0.0, tl.maximum(e, -126), -2)  # all-zero group: scale 2^-2 as the oracle
+            # clamped to E8M0's range after the −2 (amax < 2^-124 → 2^-127); all-zero group: 2^-2 as the oracle
+            e = tl.where(v > 0.0, tl.maximum(e, -127), -2)
+        # a QuEST group with a non-finite σ (it holds Inf/NaN): NaN values, mask False, E8M0 NaN, FP8 NaN
+        nan_g = e > 127
+        e = tl.minimum(e, 127)
 
         # the exponent a group contributes to its row's / block's FP8 fold exponent: all-zero groups
         # (padding, dead units) and rows past the end must not raise it (absmax gives them 2^-2). A
         # row/block with no such group keeps -127; the fold then clamps d to the shift (its values are 0)
-        e_fold = tl.where(rmask & ((RULE == 0) | (v > 0.0)), e, -127)
+        e_fold = tl.where(rmask & ((RULE == 0) | (v > 0.0)) & ~nan_g, e, -127)
         if MODE == 2 or MODE == 4:
             # the FP8 fold needs the largest group exponent of each output row
             if COL_ORDER:
@@ -240,27 +267,31 @@ if HAS_TRITON:
             out_offs = rows[:, None].to(tl.int64) * K + kk
 
             if WRITE_MASK:
-                tl.store(mask_ptr + out_offs, (a < 6.0).to(tl.int8), mask=inb)
+                tl.store(mask_ptr + out_offs, ((a < 6.0) & ~nan_g[:, None]).to(tl.int8), mask=inb)
             if WRITE_DEQ:
                 if RULE == 1:
                     deq = (tl.where(neg, -q, q) * _exp2i(e)[:, None]) * 1.3333333333333333
                 else:
                     deq = tl.where(neg, -q, q) * _exp2i(e)[:, None]
+                    deq = tl.where(nan_g[:, None], float("nan"), deq)
                 tl.store(deq_ptr + out_offs, deq.to(deq_ptr.dtype.element_ty), mask=inb)
             if MODE == 1:
                 mag = tl.where(q < 2.0, q * 2.0, tl.where(q < 4.0, q + 2.0, tl.where(q < 5.0, 6.0, 7.0)))
                 code = mag.to(tl.int32) | tl.where(neg & (q > 0.0), 8, 0)
+                code = tl.where(nan_g[:, None], 0, code)  # the group's E8M0 code 255 (e = 128) makes it NaN
                 lo_c, hi_c = tl.split(tl.reshape(code, (G, 16, 2)))
                 packed = (lo_c | (hi_c << 4)).to(tl.uint8)
                 c16 = tl.arange(0, 16)
                 pdst = codes_ptr + rows[:, None].to(tl.int64) * (K // 2) + (k0 // 2)[:, None] + c16[None, :]
                 tl.store(pdst, packed, mask=rmask[:, None] & (c16[None, :] < 16))
-                tl.store(scale_ptr + rows.to(tl.int64) * (K // 32) + k0 // 32, (e + 127).to(tl.uint8), mask=rmask)
+                e8 = tl.where(nan_g, 255, e + 127)
+                tl.store(scale_ptr + rows.to(tl.int64) * (K // 32) + k0 // 32, e8.to(tl.uint8), mask=rmask)
             if MODE == 4:
                 # one-pass FP8 fold, stage 1: the signed E2M1 value (exact in either FP8 format) goes
                 # to the FP8 buffer and the group exponent to an int8 side buffer; _fp8_fold_kernel
                 # scales them in place once every row's largest exponent is known (a cheap pass)
-                tl.store(fp8_ptr + out_offs, tl.where(neg, -q, q).to(fp8_ptr.dtype.element_ty), mask=inb)
+                sq4 = tl.where(nan_g[:, None], float("nan"), tl.where(neg, -q, q))
+                tl.store(fp8_ptr + out_offs, _to_fp8_nan(sq4, fp8_ptr.dtype.element_ty), mask=inb)
                 tl.store(scale_ptr + rows.to(tl.int64) * (K // 32) + k0 // 32, e.to(tl.int8), mask=rmask)
             if MODE == 5:
                 # FP8 with one scale per 1x128 (SCALE_BR=1) or 128x128 (SCALE_BR=128) block, the
@@ -276,7 +307,8 @@ if HAS_TRITON:
                 else:
                     eb = tl.max(e_fold, axis=0)
                     eg = eb
-                _fold_store_fp8(tl.where(neg, -q, q), e, eg, fp8_ptr, out_offs, inb, flush_ptr, FP8_SHIFT)
+                _fold_store_fp8(tl.where(nan_g[:, None], float("nan"), tl.where(neg, -q, q)), e, eg, fp8_ptr,
+                                out_offs, inb, flush_ptr, FP8_SHIFT)
                 sc = _exp2_wide(eb - FP8_SHIFT) * FACTOR  # the block scale 2^(e_blk − shift)·factor
                 if SCALE_BR == 1:
                     # stored (K/128, R) row-major: the (R, K/128) column-major view F.scaled_mm wants
@@ -287,7 +319,8 @@ if HAS_TRITON:
                     tl.store(bscale_ptr + pid_r * bscale_ld + pid_k, sc)
             if MODE == 3:
                 er = tl.load(rowexp_ptr + rows, mask=rmask, other=0)
-                _fold_store_fp8(tl.where(neg, -q, q), e, er, fp8_ptr, out_offs, inb, flush_ptr, FP8_SHIFT)
+                _fold_store_fp8(tl.where(nan_g[:, None], float("nan"), tl.where(neg, -q, q)), e, er, fp8_ptr,
+                                out_offs, inb, flush_ptr, FP8_SHIFT)
 
     @triton.jit
     def _fp8_fold_kernel(fp8_ptr, gexp_ptr, rowexp_ptr, flush_ptr, rowscale_ptr, R, K,
@@ -307,7 +340,10 @@ if HAS_TRITON:
         rmask = rows < R
         inb = rmask[:, None] & (c[None, :] < 32)
         offs = rows[:, None].to(tl.int64) * K + k0[:, None] + c[None, :]
-        q = tl.load(fp8_ptr + offs, mask=inb, other=0.0).to(tl.float32)
+        q8 = tl.load(fp8_ptr + offs, mask=inb, other=0.0)
+        # NaN (a non-finite QuEST group, stored as 0x7F by stage 1) stays NaN: read from the bits, as the cast
+        # is not trusted with NaN (Triton's CPU interpreter decodes 0x7F as a finite number)
+        q = tl.where((q8.to(tl.uint8, bitcast=True) & 0x7F) == 0x7F, float("nan"), q8.to(tl.float32))
         e = tl.load(gexp_ptr + rows.to(tl.int64) * (K // 32) + k0 // 32, mask=rmask, other=0).to(tl.int32)
         er = tl.load(rowexp_ptr + rows, mask=rmask, other=0)
         _fold_store_fp8(q, e, er, fp8_ptr, offs, inb, flush_ptr, FP8_SHIFT)
@@ -325,7 +361,7 @@ if HAS_TRITON:
         """
         v = tl.max(tl.abs(y), axis=1)
         e = ((v.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127 - 2
-        e = tl.where(v > 0.0, tl.maximum(e, -126), -2)
+        e = tl.where(v > 0.0, tl.maximum(e, -127), -2)
         yq = (y * _exp2i(-e)[:, None]) * 0.75
         a = tl.abs(yq)
         if STOCHASTIC:
@@ -378,11 +414,11 @@ if HAS_TRITON:
         if MODE == 2:
             vr = tl.max(tl.abs(yr), axis=1)
             er = ((vr.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127 - 2
-            er = tl.where(vr > 0.0, tl.maximum(er, -126), -2)
+            er = tl.where(vr > 0.0, tl.maximum(er, -127), -2)
             tl.atomic_max(rowexp_r + t, tl.max(tl.reshape(er, (32, NJ)), axis=1), mask=tmask)
             vc = tl.max(tl.abs(yc), axis=1)
             ec = ((vc.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127 - 2
-            ec = tl.where(vc > 0.0, tl.maximum(ec, -126), -2)
+            ec = tl.where(vc > 0.0, tl.maximum(ec, -127), -2)
             tl.atomic_max(rowexp_c + cc, ec)
         else:
             if SEED_PTR:
@@ -734,7 +770,7 @@ def _row_exp_bound(x: torch.Tensor, axis: int, rule: str, hadamard: bool) -> tor
     v = 0.48707976 * amax + 1e-8 if rule == "quest" else amax
     e = floor_log2(v)  # exact, for v > 0
     if rule != "quest":
-        e = e - 2
+        e = (e - 2).clamp(min=-127)  # as the kernel's group exponents (E8M0's range)
     return torch.where(v > 0, e, torch.full_like(e, -2)).to(torch.int32).contiguous()
 
 

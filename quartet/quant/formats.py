@@ -5,8 +5,9 @@ of a tiny grid and s is a scale shared by a group of elements. For E2M1 (1 sign,
 mantissa bit) the non-negative grid is {0, 0.5, 1, 1.5, 2, 3, 4, 6}; the 4-bit code of a value is
 ``sign << 3 | index`` where ``index`` is its position in that grid (the OCP bit pattern). Rounding to
 nearest (RTN) uses the midpoints 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5 as thresholds with a value
-rounded *up* only when strictly above the threshold (``|y| > t``), exactly as the Quartet / MS-AMP
-kernels compare; anything beyond 6 saturates to 6. Stochastic rounding (SR) picks the upper
+rounded *up* only when strictly above the threshold (``|y| > t``), i.e. ties go toward zero, exactly as
+the Quartet kernels compare (MS-AMP's FP4 kernel differs: it rounds positive ties up); anything beyond 6
+saturates to 6. −0 has its own code 8 (sign bit set, magnitude 0). Stochastic rounding (SR) picks the upper
 neighbour of the bracketing grid pair with probability (|y| − lo)/(hi − lo), so E[q] = y inside
 [−6, 6]. E8M0 is an 8-bit biased exponent: code c means 2^(c−127), c = 255 is NaN. FP8 uses
 PyTorch's native ``float8_e4m3fn`` / ``float8_e5m2`` casts (round-to-nearest-even) after clamping
@@ -110,14 +111,15 @@ def round_to_e2m1(y: torch.Tensor, stochastic: bool = False, generator: torch.Ge
 
 
 def e2m1_encode(q: torch.Tensor) -> torch.Tensor:
-    """4-bit codes (uint8 holding 0..15) of values that lie exactly on the E2M1 grid."""
+    """4-bit codes (uint8 holding 0..15) of values that lie exactly on the E2M1 grid; −0.0 → 8 (the sign bit is kept,
+    so every code round-trips through :func:`e2m1_decode`)."""
     q = q.float()
     a = q.abs()
     idx = torch.bucketize(a, _on(E2M1_GRID, q))  # exact grid values land on their own index
     grid = _on(E2M1_GRID, q)
     if not torch.equal(grid[idx.clamp(max=7)], a):
         raise ValueError("e2m1_encode: input has values that are not on the E2M1 grid (round first)")
-    sign = (q < 0).to(torch.uint8)
+    sign = torch.signbit(q).to(torch.uint8)
     return (sign << 3) | idx.to(torch.uint8)
 
 

@@ -8,15 +8,22 @@ gets one scale s_g and the elements are stored as E2M1 values q with x̂ = q·s_
   ideal scale is 2.92247856σ/6 = 0.48707976σ. E8M0 can only hold powers of two, so
   s = 2^floor(log2(0.48707976·σ + 1e-8)); the effective clip 6s then lies in (1.46σ, 2.92σ].
   Values are rounded to nearest and saturate at ±6; the mask |x/s| < 6 marks the unclipped
-  elements, through which the straight-through gradient flows.
+  elements, through which the straight-through gradient flows. σ of a group whose squares overflow
+  float32 (|x| ≳ 1e19) is computed on the group scaled by 2^-72; a group holding Inf/NaN gets a NaN
+  scale (E8M0 code 255), so its x̂ is NaN and its mask False: a diverging run shows up as NaN.
 * Absmax ×3/4 (backward of Quartet): s = 2^(floor(log2 amax) − 2)·4/3, i.e. the values are
   multiplied by 3/4 after the OCP power-of-two scaling so that max|x/s| ∈ [3, 6): nothing is ever
   clipped, which keeps stochastic rounding unbiased. x̂ = q·s already contains the 4/3, so a
   product of two such operands carries the paper's 16/9 output correction implicitly.
 * OCP MX rule: s = 2^(floor(log2 amax) − 2) (E2M1's largest exponent is 2): max|x/s| ∈ [4, 8),
   values above 6 saturate.
+* Every MXFP4 scale is a power of two inside E8M0's range 2^-127 … 2^127: the absmax exponent
+  floor(log2 amax) − 2 is clamped to it AFTER subtracting 2, so a group with amax < 2^-124 gets
+  2^-127 (its values then lie below 6 and are not clipped), and x̂ equals what its stored codes decode to.
 * NVFP4: groups of 16, a per-tensor FP32 scale S = amax/(6·448) and a per-group E4M3 scale
-  e = E4M3(amax_g/6/S), so x̂ = q·e·S.
+  e = E4M3(amax_g/6/S), so x̂ = q·e·S. A block scale that would underflow E4M3 (amax_g/6/S < 2^-10,
+  a group more than ~2^18 below the tensor's amax) is raised to E4M3's smallest subnormal 2^-9 so
+  the group keeps its largest values (rounded coarsely) instead of becoming zero.
 
 All functions take an already-rotated tensor, work in float32 on any device and are vectorised
 over groups (one reshape, no Python loops).
@@ -46,6 +53,9 @@ __all__ = [
     "nvfp4_quantize",
 ]
 
+#: The smallest positive E4M3 value (subnormal 2^-9), the smallest NVFP4 block scale.
+E4M3_MIN_SUBNORMAL = 2.0 ** -9
+
 #: 2.92247856 / 6: the MSE-optimal E2M1 clip for a unit Gaussian, divided by the largest grid value.
 QUEST_SCALE_FACTOR = 0.48707976
 
@@ -57,11 +67,26 @@ def _grouped(x: torch.Tensor, group: int) -> torch.Tensor:
     return x.float().reshape(*x.shape[:-1], k // group, group)
 
 
-def _pow2_floor(v: torch.Tensor) -> torch.Tensor:
-    """2^floor(log2 v) for v > 0, clamped to the E8M0 range; 1.0 where v is 0 (empty group). The exponent is exact
-    (:func:`~quartet.quant.formats.floor_log2`), as the kernels read the float's exponent bits."""
-    e = floor_log2(v).clamp(-127, 127).to(v.dtype)
-    return torch.where(v > 0, torch.exp2(e), torch.ones_like(v))
+def _pow2_floor(v: torch.Tensor, shift: int = 0, nonfinite_nan: bool = True) -> torch.Tensor:
+    """2^(floor(log2 v) + shift) for v > 0, the exponent clamped to E8M0's range [-127, 127] AFTER the shift;
+    2^shift where v is 0 (empty group); NaN where v is NaN or Inf (E8M0's NaN code 255) if ``nonfinite_nan``.
+    The exponent is exact (:func:`~quartet.quant.formats.floor_log2`), as the kernels read the float's exponent
+    bits."""
+    e = (floor_log2(v) + shift).clamp(-127, 127).to(v.dtype)
+    s = torch.where(v > 0, torch.exp2(e), torch.full_like(v, 2.0 ** shift))
+    return torch.where(torch.isfinite(v), s, torch.full_like(v, float("nan"))) if nonfinite_nan else s
+
+
+#: QuEST's σ of a group whose squares overflow is computed on the group times 2^-72 (exact), then scaled back:
+#: |x| ≤ 2^128 becomes ≤ 2^56, so 32 squares of deviations (≤ 2^57) sum to < 2^120.
+_QUEST_DOWN, _QUEST_UP = 2.0 ** -72, 2.0 ** 72
+
+
+def _quest_sigma_scaled(g: torch.Tensor, ones: torch.Tensor, group: int) -> torch.Tensor:
+    """0.48707976·σ of the groups ``g`` (population std, the one-pass formula below)."""
+    mean = (g @ ones).squeeze(-1) / group
+    mean_sq = ((g * g) @ ones).squeeze(-1) / group
+    return QUEST_SCALE_FACTOR * (mean_sq - mean * mean).clamp_(min=0).sqrt_()
 
 
 def quest_scales(x: torch.Tensor, group: int = 32, floor: bool = True) -> torch.Tensor:
@@ -71,30 +96,44 @@ def quest_scales(x: torch.Tensor, group: int = 32, floor: bool = True) -> torch.
     compare with the paper's Gaussian MSE).
     """
     g = _grouped(x, group)
-    # Population std (mean-subtracted) as the kernel: sqrt(E[x²] − E[x]²). The group sums go through
-    # one matmul with a ones vector, several times faster on CPU than Tensor.std over a 32-wide dim.
+    # Population std with the one-pass formula sqrt(E[x²] − E[x]²); the group sums go through one matmul with a
+    # ones vector, several times faster on CPU than Tensor.std over a 32-wide dim. The Triton kernel computes the
+    # two-pass form (mean first, then E[(x − mean)²]) with its own summation order, so the two σ agree to a few
+    # ulps, not bitwise; the power-of-two floor makes the scales bitwise equal except for σ within those ulps of
+    # a binade boundary (or under heavy cancellation, |mean| ≫ σ, where the one-pass form loses digits).
     ones = torch.ones(group, 1, device=g.device, dtype=g.dtype)
-    mean = (g @ ones).squeeze(-1) / group
-    mean_sq = ((g * g) @ ones).squeeze(-1) / group
-    sigma = (mean_sq - mean * mean).clamp_(min=0).sqrt_()
-    raw = QUEST_SCALE_FACTOR * sigma + 1e-8
-    return _pow2_floor(raw) if floor else raw
+    sd = _quest_sigma_scaled(g, ones, group)
+    bad = ~torch.isfinite(sd)
+    if bool(bad.any()):
+        # squares (or sums) overflowed float32, or the group holds Inf/NaN: redo those groups scaled by 2^-72
+        # (exact), as the kernel does; Inf/NaN inputs stay non-finite and give a NaN scale
+        down = torch.where(bad, _QUEST_DOWN, 1.0).unsqueeze(-1)
+        sd = torch.where(bad, _quest_sigma_scaled(g * down, ones, group) * _QUEST_UP, sd)
+    raw = sd + 1e-8
+    if floor:
+        return _pow2_floor(raw)
+    return torch.where(torch.isfinite(raw), raw, torch.full_like(raw, float("nan")))
 
 
 def quest_mxfp4(x: torch.Tensor, group: int = 32, floor: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """QuEST MXFP4 of an already-rotated tensor → (x̂ float32, mask bool = |x/s| < 6)."""
+    """QuEST MXFP4 of an already-rotated tensor → (x̂ float32, mask bool = |x/s| < 6).
+
+    A group with a NaN scale (it holds Inf/NaN) gives x̂ = NaN and mask False for all its elements."""
     g = _grouped(x, group)
     s = quest_scales(x, group, floor).unsqueeze(-1)
-    y = g / s
-    xq = round_to_e2m1(y) * s
-    mask = y.abs() < E2M1_MAX
+    nan = torch.isnan(s)
+    y = torch.where(nan, 0.0, g / torch.where(nan, 1.0, s))  # (no Inf/NaN reaches the rounding)
+    xq = torch.where(nan, float("nan"), round_to_e2m1(y) * s)
+    mask = (y.abs() < E2M1_MAX) & ~nan
     return xq.reshape(x.shape), mask.reshape(x.shape)
 
 
 def absmax_scales(x: torch.Tensor, group: int = 32) -> torch.Tensor:
-    """Per-group power-of-two part of the absmax scale, shape (..., K/group): 2^(floor(log2 amax) − 2)."""
+    """Per-group power-of-two part of the absmax scale, shape (..., K/group): 2^(floor(log2 amax) − 2), the exponent
+    clamped to E8M0's [-127, 127] (so amax < 2^-124 gives 2^-127); 2^-2 for an all-zero group."""
     amax = _grouped(x, group).abs().amax(dim=-1)
-    return _pow2_floor(amax) * 0.25
+    # (Inf/NaN inputs are not flagged here: the absmax rules' handling of them is unchanged)
+    return _pow2_floor(amax, shift=-2, nonfinite_nan=False)
 
 
 def absmax_mxfp4(x: torch.Tensor, stochastic: bool = False, generator: torch.Generator | None = None,
@@ -124,13 +163,16 @@ def mx_codes(xq: torch.Tensor, scales: torch.Tensor, group: int = 32, factor: fl
     ``scales`` are the per-group power-of-two scales (shape (..., K/group), e.g. from
     :func:`quest_scales` or :func:`absmax_scales`); ``factor`` is the extra multiplier folded into
     the values (4/3 for :func:`absmax_mxfp4`, whose GEMM output the kernel multiplies by 16/9).
-    Pack the codes with :func:`quartet.quant.formats.pack_e2m1`.
+    Pack the codes with :func:`quartet.quant.formats.pack_e2m1`. A zero element is stored as code 0 whatever its
+    sign, as the kernels store it; a group with a NaN scale (E8M0 code 255) stores element codes 0.
     """
     g = _grouped(xq, group)
-    y = g / (scales.float().unsqueeze(-1) * factor)
-    # y is within an ulp of a grid point; re-rounding absorbs the float error of q·s/s.
-    codes = e2m1_encode(round_to_e2m1(y))
-    return codes.reshape(xq.shape), e8m0_encode(scales)
+    sc = scales.float().unsqueeze(-1)
+    nan = ~torch.isfinite(sc)
+    y = torch.where(nan, 0.0, g / (torch.where(nan, 1.0, sc) * factor))
+    # y is within an ulp of a grid point; re-rounding absorbs the float error of q·s/s. Adding +0 turns −0 into +0.
+    q = round_to_e2m1(y) + 0.0
+    return e2m1_encode(q).reshape(xq.shape), e8m0_encode(scales)
 
 
 def nvfp4_quantize(x: torch.Tensor, stochastic: bool = False, generator: torch.Generator | None = None,
@@ -139,8 +181,11 @@ def nvfp4_quantize(x: torch.Tensor, stochastic: bool = False, generator: torch.G
     g = _grouped(x, group)
     amax = g.abs().amax()
     tensor_scale = torch.where(amax > 0, amax * (1.0 / (E2M1_MAX * E4M3_MAX)), torch.ones_like(amax))
-    block = round_to_fp8(g.abs().amax(dim=-1) * (1.0 / E2M1_MAX) / tensor_scale, "e4m3")
-    block = torch.where(block > 0, block, torch.ones_like(block))  # all-zero group (or E4M3 underflow)
+    amax_g = g.abs().amax(dim=-1)
+    block = round_to_fp8(amax_g * (1.0 / E2M1_MAX) / tensor_scale, "e4m3")
+    # a nonzero group whose scale underflows E4M3 gets the smallest subnormal 2^-9 (1.0 would zero it: its values
+    # would all round to 0); an all-zero group gets 1.0
+    block = torch.where(amax_g > 0, block.clamp(min=E4M3_MIN_SUBNORMAL), torch.ones_like(block))
     s = (block * tensor_scale).unsqueeze(-1)
     q = round_to_e2m1(g / s, stochastic=stochastic, generator=generator)
     return (q * s).reshape(x.shape), block, tensor_scale

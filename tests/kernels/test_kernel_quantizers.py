@@ -290,3 +290,77 @@ def test_absmax_scales_just_below_powers_of_two_match_the_oracle(rule):
     out = tq.mx_quantize(x.to(DEV), axis=-1, rule=rule, hadamard=False, out_dtype=torch.float32)
     ref = mx.absmax_mxfp4(x) if rule == "absmax" else mx.rtn_absmax_mxfp4(x)
     assert torch.equal(out.deq.cpu(), ref)
+
+
+def _equal_nan(a, b):
+    """Bitwise equal values, NaN where the other has NaN (payloads may differ)."""
+    a, b = a.cpu().float(), b.cpu().float()
+    return torch.equal(torch.isnan(a), torch.isnan(b)) and torch.equal(a.nan_to_num(0.0), b.nan_to_num(0.0))
+
+
+@pytest.mark.parametrize("rule", ["absmax", "rtn_absmax"])
+def test_absmax_tiny_groups_clamp_to_e8m0_range_bitwise(rule):
+    """Groups with amax < 2^-124 (float32 normals and subnormals): scale 2^-127 (E8M0 code 0) in kernel and oracle,
+    bitwise, and the stored codes decode to the dequantized values (the kernel clamped at 2^-126, the oracle
+    went down to 2^-129)."""
+    g = torch.Generator().manual_seed(15)
+    x = torch.randn(32, 64, generator=g)
+    tiny = [1.5 * 2.0 ** -126, 2.0 ** -125, 1.5 * 2.0 ** -125, 2.0 ** -127, 2.0 ** -130, 1.5 * 2.0 ** -124, 2.0 ** -123]
+    for i, a in enumerate(tiny):
+        x[i, :32] = x[i, :32] / x[i, :32].abs().max() * a  # group max exactly a
+    x[7, :32] = 0.0
+    # float32 input (its small elements are float32 subnormals): Triton 3.6's CPU interpreter loads bf16
+    # subnormals as -0.0, so a bf16 input would test the interpreter, not the kernel
+    out = tq.mx_quantize(x.to(DEV), rule=rule, hadamard=False, mx=True, out_dtype=torch.float32)
+    xf = x.float()
+    ref = mx.absmax_mxfp4(xf) if rule == "absmax" else mx.rtn_absmax_mxfp4(xf)
+    factor = 4.0 / 3.0 if rule == "absmax" else 1.0
+    codes, e8 = mx.mx_codes(ref, mx.absmax_scales(xf), factor=factor)
+    assert e8[:7, 0].tolist() == [0, 0, 0, 0, 0, 1, 2]
+    assert torch.equal(out.deq.cpu(), ref)
+    assert torch.equal(out.e8m0.cpu(), e8)
+    assert torch.equal(out.codes.cpu(), formats.pack_e2m1(codes))
+    dec = formats.e2m1_decode(formats.unpack_e2m1(out.codes.cpu())).reshape(-1, 32)
+    dec = dec * formats.e8m0_decode(out.e8m0.cpu()).reshape(-1, 1) * out.factor
+    assert torch.equal(dec.reshape(ref.shape), out.deq.cpu())
+    # groups down to 2^-127 keep nonzero values; 2^-130 is below what a 2^-127 scale can hold (E8M0's limit): 0
+    assert (ref[[0, 1, 2, 3, 5, 6], :32].abs().amax(1) > 0).all() and (ref[4, :32] == 0).all()
+
+
+def test_quest_overflowing_and_nonfinite_groups_bitwise():
+    """QuEST on groups whose squares overflow float32 (|x| ~ 1e20 … 2e38): σ is computed on the group scaled by
+    2^-72, finite and bitwise as the oracle; groups holding Inf/NaN give NaN values, mask False, E8M0 code 255
+    and element codes 0, NaN in FP8 (not counted as flushes); every other group is untouched."""
+    g = torch.Generator().manual_seed(16)
+    x = torch.randn(32, 64, generator=g)
+    x[0] *= 1e20
+    x[1, :32] *= 3e37
+    x[2, :32] = 2e38
+    x[2, 1:32:2] = -2e38
+    x[3, 32:] *= 2.0 ** 70
+    x[4, 3] = float("inf")
+    x[5, 40] = float("nan")
+    x[6, 0] = -float("inf")
+    x = x.to(torch.bfloat16)
+    xf = x.float()
+    ref, ref_mask = mx.quest_mxfp4(xf)
+    s = mx.quest_scales(xf)
+    codes, e8 = mx.mx_codes(ref, s)
+    nan_g = torch.isnan(s)
+    assert nan_g.sum().item() == 3 and torch.isfinite(ref[:4]).all() and torch.isfinite(ref[7:]).all()
+    out = tq.mx_quantize(x.to(DEV), rule="quest", hadamard=False, mask=True, mx=True, out_dtype=torch.float32)
+    assert _equal_nan(out.deq, ref)
+    assert torch.equal(out.mask.cpu(), ref_mask)
+    assert torch.equal(out.e8m0.cpu(), e8)
+    assert torch.equal(out.codes.cpu(), formats.pack_e2m1(codes))
+    for fmt in ("e4m3", "e5m2"):  # the FP8 fold keeps the NaN groups NaN and the others exact
+        for row_exp in ("exact", "fused"):
+            f = tq.mx_quantize(x.to(DEV), rule="quest", hadamard=False, fp8=fmt, row_exp=row_exp,
+                               out_dtype=torch.float32)
+            v = f.fp8_values().cpu()
+            assert torch.equal(torch.isnan(v), nan_g.repeat_interleave(32, -1))
+            ok = ~torch.isnan(v)
+            diff = (v[ok] != ref[ok]).sum().item()
+            assert f.flushed.item() == diff
+            # row 0 (both groups ~1e20) and the ordinary rows are exact; rows 1-3 span > 100 binades (flushed)
+            assert torch.equal(v[0], ref[0]) and torch.equal(v[7:], ref[7:]) and diff > 0

@@ -35,7 +35,7 @@ def test_e2m1_codes_and_packing_round_trip():
     vals = F.e2m1_decode(codes)
     assert vals[:8].tolist() == F.E2M1_GRID.tolist()
     assert torch.equal(vals[8:].abs(), F.E2M1_GRID) and (vals[9:] < 0).all()
-    assert torch.equal(F.e2m1_encode(vals[torch.arange(16) != 8]), codes[torch.arange(16) != 8])  # -0 encodes as 0
+    assert torch.equal(F.e2m1_encode(vals), codes)  # all 16 codes round-trip, -0 (code 8) included
     c = torch.randint(0, 16, (5, 64), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
     packed = F.pack_e2m1(c)
     assert packed.shape == (5, 32) and packed.dtype == torch.uint8
@@ -146,3 +146,14 @@ def test_scale_exponent_is_exact_just_below_a_power_of_two():
     x = torch.zeros(32)
     x[0] = 8 * (1 - 2.0 ** -24)
     assert mx.absmax_scales(x).item() == 1.0 and mx.rtn_absmax_mxfp4(x)[0].item() == 6.0
+
+
+def test_e2m1_negative_zero_keeps_its_sign_bit():
+    """-0.0 encodes as 8 (sign bit, magnitude 0) and decodes back to -0.0; +0.0 stays 0."""
+    z = torch.tensor([0.0, -0.0, -0.0, 0.5, -0.5])
+    c = F.e2m1_encode(z)
+    assert c.tolist() == [0, 8, 8, 1, 9]
+    back = F.e2m1_decode(c)
+    assert torch.equal(torch.signbit(back), torch.signbit(z)) and torch.equal(back, z)
+    # round_to_e2m1 of a small negative value gives -0.0, which now encodes as 8
+    assert F.e2m1_encode(F.round_to_e2m1(torch.tensor([-0.1]))).item() == 8

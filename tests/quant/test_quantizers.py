@@ -199,3 +199,133 @@ def test_every_quantizer_kind_runs_and_is_close(kind):
     assert (q.dequantized() - x).norm() / x.norm() < (0.5 if kind == "luq" else 0.25)
     with pytest.raises(ValueError):
         QuantizerSpec("fp3")
+
+
+# --- range edges (issue #15) -------------------------------------------------------------------------------------
+
+def _decode_mx(codes, e8, factor=1.0):
+    from quartet.quant.formats import e2m1_decode
+
+    return (e2m1_decode(codes).reshape(*e8.shape, -1) * e8m0_decode(e8).unsqueeze(-1) * factor).reshape(codes.shape)
+
+
+def test_absmax_scales_stay_in_e8m0_range_and_codes_decode_to_the_values():
+    """amax < 2^-124: the exponent floor(log2 amax) − 2 is clamped to E8M0's -127 AFTER the −2 (it was clamped
+    before, giving 2^-128 / 2^-129, which E8M0 stores as 2^-127: the stored form decoded to 2x / 4x x̂)."""
+    amaxes = [1.5 * 2.0 ** -126, 2.0 ** -125, 1.5 * 2.0 ** -127, 2.0 ** -140, 1.5 * 2.0 ** -124, 2.0 ** -123]
+    want_exp = [-127, -127, -127, -127, -126, -125]
+    x = torch.zeros(len(amaxes), 32)
+    for i, a in enumerate(amaxes):
+        x[i, 0] = a
+        x[i, 1] = -a / 3  # a second, smaller value of each group
+    s = mx.absmax_scales(x)
+    assert s.squeeze(-1).tolist() == [2.0 ** e for e in want_exp]
+    for xq, factor in ((mx.absmax_mxfp4(x), 4 / 3), (mx.rtn_absmax_mxfp4(x), 1.0)):
+        codes, e8 = mx.mx_codes(xq, s, factor=factor)
+        assert e8.squeeze(-1).tolist() == [e + 127 for e in want_exp]
+        assert torch.equal(_decode_mx(codes, e8, factor), xq)  # stored form == dequantized values
+    # the OCP rule on 1.5·2^-126 / 2^-127 = 3: code 5 (value 3), the -a/3 element 1 -> code 10 (-1.0)
+    codes, e8 = mx.mx_codes(mx.rtn_absmax_mxfp4(x), s)
+    assert codes[0, :2].tolist() == [5, 10] and e8[0].item() == 0
+    assert mx.rtn_absmax_mxfp4(x)[0, 0].item() == 1.5 * 2.0 ** -126
+    # absmax x3/4 never clips, also at the clamped scale: |y| = 0.75·a/2^-127 < 6
+    y = x / s.repeat_interleave(32, -1) * 0.75
+    assert y.abs().max() < 6
+
+
+def test_nvfp4_block_scale_underflow_keeps_the_block():
+    """A 16-group ~2^19 below the tensor amax: its E4M3 block scale underflows (amax_g/6/S < 2^-10); it is raised
+    to E4M3's smallest subnormal 2^-9, not to 1.0 (which rounded the whole group to 0)."""
+    from quartet.quant.formats import e2m1_encode
+
+    x = torch.zeros(48)
+    x[0] = 1e6
+    x[16:32] = 2.0
+    x[20] = -2.0
+    # x[32:48] stays zero: an all-zero group keeps block scale 1.0 and values 0
+    xq, block, ts = mx.nvfp4_quantize(x)
+    assert ts.item() == torch.tensor(1e6) * torch.tensor(1.0 / (6 * 448)).item()
+    assert block.tolist() == [448.0, 2.0 ** -9, 1.0] and mx.E4M3_MIN_SUBNORMAL == 2.0 ** -9
+    # E4M3 codes of the block scales: 448 = 0x7E, 2^-9 = 0x01 (smallest subnormal), 1.0 = 0x38
+    assert block.to(torch.float8_e4m3fn).view(torch.uint8).tolist() == [0x7E, 0x01, 0x38]
+    s1 = 2.0 ** -9 * ts.item()
+    assert 2.5 < 2.0 / s1 < 3.5  # 2/s ≈ 2.75 rounds to 3
+    assert torch.equal(xq[16:32], torch.where(x[16:32] > 0, 3.0, -3.0) * (block[1] * ts))
+    assert xq[0] == 6.0 * (block[0] * ts) and (xq[32:] == 0).all()
+    q = xq.reshape(3, 16) / (block * ts).unsqueeze(-1)
+    assert e2m1_encode(q[1]).tolist() == [5, 5, 5, 5, 13] + [5] * 11
+    # the edge: the smallest group that still gets a nonzero E4M3 scale on its own (amax_g/6/S just above 2^-10)
+    # keeps the same block scale 2^-9; a group 2x smaller is raised to it too and still quantizes to nonzero
+    for a in (2.0 ** -10 * 6 * ts.item() * 1.01, 2.0 ** -11 * 6 * ts.item()):
+        z = x.clone()
+        z[16:32] = a
+        zq, zb, _ = mx.nvfp4_quantize(z)
+        assert zb[1].item() == 2.0 ** -9 and (zq[16:32] != 0).all()
+
+
+def _quest_scales_f64(x, group=32):
+    g = x.double().reshape(*x.shape[:-1], -1, group)
+    raw = mx.QUEST_SCALE_FACTOR * g.std(-1, unbiased=False) + 1e-8
+    return torch.exp2(torch.floor(torch.log2(raw))).float()
+
+
+def test_quest_large_finite_groups_do_not_overflow():
+    """Squares above ~3e38 overflowed float32 (σ = inf → garbage scale, the group quantized to 0 or ±6·s). Groups
+    up to the float32 limit now get the exact σ: equal to float64, and scaling the input by 2^66 scales x̂ by 2^66."""
+    g = _gen(21)
+    x = torch.randn(6, 64, generator=g)
+    x[0] *= 1e20
+    x[1] *= 3e37
+    x[2, :32] = 2e38  # ±2e38 (near FLT_MAX; 3e38 would round to 4·2^126 = 2^128, past float32): σ = 2e38
+    x[2, 1:32:2] = -2e38
+    x[3] *= 2.0 ** 60
+    s = mx.quest_scales(x)
+    assert torch.isfinite(s).all()
+    assert torch.equal(s, _quest_scales_f64(x))
+    xq, mask = mx.quest_mxfp4(x)
+    assert torch.isfinite(xq).all()
+    y = x.reshape(6, 2, 32) / s.unsqueeze(-1)
+    assert torch.equal(xq, (round_to_e2m1(y) * s.unsqueeze(-1)).reshape(6, 64))
+    assert torch.equal(mask, (y.abs() < 6).reshape(6, 64)) and mask.float().mean() > 0.9
+    base = torch.randn(4, 64, generator=g) * 1024  # σ ≫ 1e-8: the +1e-8 rounds away in both
+    big = base * 2.0 ** 66
+    assert torch.equal(mx.quest_mxfp4(big)[0], mx.quest_mxfp4(base)[0] * 2.0 ** 66)
+    assert torch.equal(mx.quest_mxfp4(big)[1], mx.quest_mxfp4(base)[1])
+    codes, e8 = mx.mx_codes(xq, s)
+    assert torch.equal(_decode_mx(codes, e8), xq)
+
+
+def test_quest_nonfinite_groups_propagate_as_nan():
+    """A group holding Inf/NaN gets a NaN scale (E8M0 code 255): all its x̂ are NaN and its mask False, so the
+    trainer's NaN check sees it; the other groups are quantized as if alone."""
+    g = _gen(22)
+    x = torch.randn(3, 96, generator=g)
+    x[0, 5] = float("inf")
+    x[1, 40] = float("nan")
+    x[2, 70] = -float("inf")
+    xq, mask = mx.quest_mxfp4(x)
+    bad = torch.zeros(3, 3, dtype=torch.bool)
+    bad[0, 0] = bad[1, 1] = bad[2, 2] = True
+    badx = bad.repeat_interleave(32, -1)
+    assert torch.equal(torch.isnan(xq), badx) and not mask[badx].any()
+    s = mx.quest_scales(x)
+    assert torch.equal(torch.isnan(s), bad)
+    clean = torch.where(badx, 0.0, x)
+    cq, cm = mx.quest_mxfp4(clean)
+    assert torch.equal(xq[~badx], cq[~badx]) and torch.equal(mask[~badx], cm[~badx])
+    codes, e8 = mx.mx_codes(xq, s)
+    assert torch.equal(e8 == 255, bad) and (codes[badx] == 0).all()
+    assert torch.equal(torch.isnan(_decode_mx(codes, e8)), badx)
+    assert torch.isnan(mx.quest_scales(x, floor=False)[bad]).all()
+
+
+def test_quest_normal_inputs_unchanged():
+    """For finite groups whose squares fit float32 the scale is the one-pass formula, bit for bit."""
+    x = torch.randn(64, 256, generator=_gen(23)) * torch.exp(torch.randn(64, 1, generator=_gen(24)) * 4)
+    g = x.reshape(64, 8, 32)
+    ones = torch.ones(32, 1)
+    mean = (g @ ones).squeeze(-1) / 32
+    msq = ((g * g) @ ones).squeeze(-1) / 32
+    raw = mx.QUEST_SCALE_FACTOR * (msq - mean * mean).clamp_(min=0).sqrt_() + 1e-8
+    assert torch.equal(mx.quest_scales(x, floor=False), raw)
+    assert torch.equal(mx.quest_scales(x), torch.exp2(torch.frexp(raw).exponent.float() - 1))
