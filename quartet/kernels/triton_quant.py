@@ -97,21 +97,29 @@ if HAS_TRITON:
         half = p >> 1
         return _exp2i(half) * _exp2i(p - half)
 
-    @triton.jit
-    def _to_fp8_nan(val, dtype: tl.constexpr):
-        """``val.to(dtype)`` (an FP8 dtype) with NaN stored as NaN (0x7F in e4m3fn and e5m2): the cast alone does not
-        promise it (Triton's CPU interpreter turns NaN into 384 in e4m3fn)."""
-        bits = val.to(dtype).to(tl.uint8, bitcast=True)
-        return tl.where(val != val, 0x7F, bits).to(tl.uint8).to(dtype, bitcast=True)
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        @triton.jit
+        def _to_fp8_nan(val, dtype: tl.constexpr):
+            """``val.to(dtype)`` (an FP8 dtype) with NaN stored as NaN (0x7F in e4m3fn and e5m2): Triton's CPU
+            interpreter turns NaN into 384 in e4m3fn, so its cast is patched here."""
+            bits = val.to(dtype).to(tl.uint8, bitcast=True)
+            return tl.where(val != val, 0x7F, bits).to(tl.uint8).to(dtype, bitcast=True)
+    else:
+        @triton.jit
+        def _to_fp8_nan(val, dtype: tl.constexpr):
+            """``val.to(dtype)``: on the GPU the FP8 conversion keeps NaN a NaN by itself (no per-element fix-up on
+            the hot path)."""
+            return val.to(dtype)
 
     @triton.jit
-    def _fold_store_fp8(sq, e, e_ref, fp8_ptr, offs, inb, flush_ptr, SHIFT: tl.constexpr):
+    def _fold_store_fp8(sq, e, e_ref, fp8_ptr, offs, inb, flush_ptr, SHIFT: tl.constexpr, gmul):
         """Store signed E2M1 values ``sq`` (G, 32) of group exponents ``e`` (G,) as FP8 folded against the
         row / block exponent ``e_ref``: ``fp8(sq · 2^(e − e_ref + shift))``, and add the values that FP8
         cannot hold exactly to the flush counter. ``d`` is clamped to the shift: a row or block with no
         nonzero group has ``e_ref = -127`` and only zeros."""
         d = tl.minimum(e - e_ref + SHIFT, SHIFT)
-        val = sq * _exp2i(tl.maximum(d, -126))[:, None]
+        # gmul (G,): 1.0, or NaN for a non-finite QuEST group -- folded into the group's scale, not per element
+        val = sq * (_exp2i(tl.maximum(d, -126)) * gmul)[:, None]
         f8 = _to_fp8_nan(val, fp8_ptr.dtype.element_ty)
         flushed = (f8.to(tl.float32) != val) & (val == val) & inb  # NaN (a non-finite QuEST group) is not a flush
         tl.atomic_add(flush_ptr, tl.sum(tl.sum(flushed.to(tl.int32), axis=1), axis=0))
@@ -219,6 +227,7 @@ if HAS_TRITON:
         # a QuEST group with a non-finite σ (it holds Inf/NaN): NaN values, mask False, E8M0 NaN, FP8 NaN
         nan_g = e > 127
         e = tl.minimum(e, 127)
+        gnan = tl.where(nan_g, float("nan"), 1.0)  # multiplies a group's scale: NaN values without a per-element select
 
         # the exponent a group contributes to its row's / block's FP8 fold exponent: all-zero groups
         # (padding, dead units) and rows past the end must not raise it (absmax gives them 2^-2). A
@@ -272,8 +281,7 @@ if HAS_TRITON:
                 if RULE == 1:
                     deq = (tl.where(neg, -q, q) * _exp2i(e)[:, None]) * 1.3333333333333333
                 else:
-                    deq = tl.where(neg, -q, q) * _exp2i(e)[:, None]
-                    deq = tl.where(nan_g[:, None], float("nan"), deq)
+                    deq = tl.where(neg, -q, q) * (_exp2i(e) * gnan)[:, None]
                 tl.store(deq_ptr + out_offs, deq.to(deq_ptr.dtype.element_ty), mask=inb)
             if MODE == 1:
                 mag = tl.where(q < 2.0, q * 2.0, tl.where(q < 4.0, q + 2.0, tl.where(q < 5.0, 6.0, 7.0)))
@@ -290,7 +298,7 @@ if HAS_TRITON:
                 # one-pass FP8 fold, stage 1: the signed E2M1 value (exact in either FP8 format) goes
                 # to the FP8 buffer and the group exponent to an int8 side buffer; _fp8_fold_kernel
                 # scales them in place once every row's largest exponent is known (a cheap pass)
-                sq4 = tl.where(nan_g[:, None], float("nan"), tl.where(neg, -q, q))
+                sq4 = tl.where(neg, -q, q) * gnan[:, None]
                 tl.store(fp8_ptr + out_offs, _to_fp8_nan(sq4, fp8_ptr.dtype.element_ty), mask=inb)
                 tl.store(scale_ptr + rows.to(tl.int64) * (K // 32) + k0 // 32, e.to(tl.int8), mask=rmask)
             if MODE == 5:
@@ -307,8 +315,7 @@ if HAS_TRITON:
                 else:
                     eb = tl.max(e_fold, axis=0)
                     eg = eb
-                _fold_store_fp8(tl.where(nan_g[:, None], float("nan"), tl.where(neg, -q, q)), e, eg, fp8_ptr,
-                                out_offs, inb, flush_ptr, FP8_SHIFT)
+                _fold_store_fp8(tl.where(neg, -q, q), e, eg, fp8_ptr, out_offs, inb, flush_ptr, FP8_SHIFT, gnan)
                 sc = _exp2_wide(eb - FP8_SHIFT) * FACTOR  # the block scale 2^(e_blk − shift)·factor
                 if SCALE_BR == 1:
                     # stored (K/128, R) row-major: the (R, K/128) column-major view F.scaled_mm wants
@@ -319,8 +326,7 @@ if HAS_TRITON:
                     tl.store(bscale_ptr + pid_r * bscale_ld + pid_k, sc)
             if MODE == 3:
                 er = tl.load(rowexp_ptr + rows, mask=rmask, other=0)
-                _fold_store_fp8(tl.where(nan_g[:, None], float("nan"), tl.where(neg, -q, q)), e, er, fp8_ptr,
-                                out_offs, inb, flush_ptr, FP8_SHIFT)
+                _fold_store_fp8(tl.where(neg, -q, q), e, er, fp8_ptr, out_offs, inb, flush_ptr, FP8_SHIFT, gnan)
 
     @triton.jit
     def _fp8_fold_kernel(fp8_ptr, gexp_ptr, rowexp_ptr, flush_ptr, rowscale_ptr, R, K,
@@ -346,7 +352,7 @@ if HAS_TRITON:
         q = tl.where((q8.to(tl.uint8, bitcast=True) & 0x7F) == 0x7F, float("nan"), q8.to(tl.float32))
         e = tl.load(gexp_ptr + rows.to(tl.int64) * (K // 32) + k0 // 32, mask=rmask, other=0).to(tl.int32)
         er = tl.load(rowexp_ptr + rows, mask=rmask, other=0)
-        _fold_store_fp8(q, e, er, fp8_ptr, offs, inb, flush_ptr, FP8_SHIFT)
+        _fold_store_fp8(q, e, er, fp8_ptr, offs, inb, flush_ptr, FP8_SHIFT, tl.full((G,), 1.0, tl.float32))
         if tl.program_id(1) == 0:
             # the row scales 2^(e_row − shift)·factor
             rr = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
