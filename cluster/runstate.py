@@ -16,6 +16,12 @@ owned by ``cluster/``:
 A run whose ``state.json`` says running/pending but whose claim is stale died without saying so
 (``scancel``, node failure, OOM kill): :func:`reconcile` records it as failed, with the Slurm end
 state (e.g. ``CANCELLED``) in the error, so the next launch resumes it from its checkpoint.
+Likewise a standalone ``quartet train`` (no claim) whose process recorded in ``state.json`` (``pid``,
+``pid_start``, ``host``) is gone from this host, and a Slurm run left ``preempted`` by a job that
+ended without being requeued (submitit's "timed-out too many times"). A run on another host that
+cannot be checked is shown ``stale`` once its files stopped changing for much longer than expected.
+When ``squeue`` cannot be asked, Slurm-claimed runs are shown ``unknown`` (job state ``UNKNOWN``)
+rather than guessed, and their claims are trusted (never broken, never relaunched).
 """
 from __future__ import annotations
 
@@ -23,6 +29,8 @@ import contextlib
 import fcntl
 import json
 import os
+import re
+import shutil
 import socket
 import time
 import uuid
@@ -32,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from cluster import slurm
+from quartet import proc
 
 CLAIM = ".claim"
 STATE = "state.json"
@@ -40,6 +49,11 @@ METRICS = "metrics.jsonl"
 ERROR = "error.txt"
 #: a claim from another host that we cannot check is trusted for this long
 FOREIGN_CLAIM_TTL_S = 3600.0
+#: a run without a claim whose trainer cannot be checked (another host, no pid recorded) is ``stale``
+#: when neither state.json nor metrics.jsonl changed for this long (or 20 metrics intervals, if longer)
+STALE_AFTER_S = 3600.0
+#: job state shown when squeue could not be asked about a Slurm-claimed run
+UNKNOWN_JOB = "UNKNOWN"
 
 
 def now_iso() -> str:
@@ -112,13 +126,7 @@ def last_metrics(run_dir: Path, max_bytes: int = 65536) -> dict[str, Any] | None
 
 
 def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return proc.pid_alive(pid)
 
 
 def read_claim(run_dir: Path) -> dict[str, Any] | None:
@@ -236,7 +244,8 @@ class RunView:
 
     run_id: str
     run_dir: Path
-    state: str  # new | pending | running | completed | preempted | failed | cancelled | corrupt
+    # new | pending | running | completed | preempted | failed | cancelled | corrupt | stale | unknown
+    state: str
     live: bool = False  # a live claim (job queued/running, or a local launcher working on it)
     step: int | None = None
     total_steps: int | None = None
@@ -245,6 +254,7 @@ class RunView:
     job_id: str | None = None
     job_state: str | None = None
     error: str | None = None
+    note: str | None = None  # why the state is what it is, when that is not obvious (shown without an error)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -291,16 +301,32 @@ def inspect(run_dir: Path, queue: dict[str, str] | None = None, reconcile_dead: 
     if view.state == "completed":  # summary.json is the only completion marker (it was deleted)
         view.state = "new"
     view.live = claim_alive(claim, queue)
+    slurm_claim = bool((claim or {}).get("scheduler") == "slurm" and (claim or {}).get("job_id"))
     if view.live:
-        waiting = view.job_state in (None, "PENDING", "REQUEUED")
-        if view.state == "preempted" and waiting:
+        if slurm_claim and queue is None:
+            # squeue could not be asked: the claim is trusted (never relaunched), but nothing is asserted
+            view.job_state = UNKNOWN_JOB
+            if view.state in {"running", "pending", "new"}:
+                view.note = (f"squeue could not be asked: job {view.job_id} may be queued, running or over "
+                             f"(state.json says {st.get('state') or 'nothing yet'})")
+                view.state = "unknown"
+            else:
+                view.note = f"unverified: squeue could not be asked (state.json says {view.state})"
+            return view
+        queued = view.job_state in slurm.WAITING
+        if view.state == "preempted" and (queued or view.job_state is None):
             pass  # checkpointed and requeued: waits for the scheduler to start it again
+        elif queued:  # requeued: whatever state.json says about the previous attempt, nothing runs now
+            if view.state == "running":
+                view.note = (f"requeued: job {view.job_id} waits in the queue; state.json still says running "
+                             f"(previous attempt, step {view.step or 0})")
+            view.state = "pending"
         elif view.state != "running":
-            view.state = "pending" if waiting else "running"
+            view.state = "pending" if view.job_state is None else "running"
         return view
     if view.state in {"running", "pending"} and claim is not None:
         # the process that owned the run is gone and never wrote an end state
-        end = slurm.final_state(view.job_id) if (view.job_id and (claim or {}).get("scheduler") == "slurm") else None
+        end = slurm.final_state(view.job_id) if (view.job_id and slurm_claim) else None
         view.job_state = end or view.job_state
         cancelled = end is not None and end.startswith("CANCELLED")
         view.state = "cancelled" if cancelled else "failed"
@@ -309,9 +335,130 @@ def inspect(run_dir: Path, queue: dict[str, str] | None = None, reconcile_dead: 
                       f"marker; relaunch resumes from the last checkpoint")
         if reconcile_dead and st:
             write_state(run_dir, state="failed", error=view.error)
+    elif view.state == "preempted" and slurm_claim and queue is not None:
+        _not_requeued(run_dir, view, claim, st, reconcile_dead)
+    elif view.state in {"running", "pending"}:  # no claim: a standalone `quartet train`
+        _check_standalone(run_dir, view, st, reconcile_dead)
     elif view.state == "failed" and view.error and view.error.startswith("cancelled"):
         view.state = "cancelled"
     if view.state == "failed" and not view.error and (run_dir / ERROR).exists():
         lines = (run_dir / ERROR).read_text(errors="replace").strip().splitlines()
         view.error = lines[-1] if lines else None
     return view
+
+
+# ------------------------------------------------------------------------------ dead or lost runs
+
+_NOT_REQUEUED = re.compile(r"Job not requeued because: (.+?)\.?\s*$", re.M)
+
+
+def _tail(path: Path, max_bytes: int = 262144) -> str:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - max_bytes))
+            return fh.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def not_requeued_reason(claim: dict[str, Any] | None) -> str | None:
+    """submitit's reason for not requeuing the claim's job (``timed-out too many times``, ...), from its logs.
+
+    submitit logs ``Job not requeued because: <reason>.`` to the job's stdout and raises it (stderr)
+    when a preempted / timed-out job cannot be requeued; the claim records the stdout log's path.
+    """
+    log = (claim or {}).get("log")
+    if not log:
+        return None
+    log = Path(log)
+    found = None
+    for path in (log, log.with_name(log.name.replace("_log.out", "_log.err"))):
+        hits = _NOT_REQUEUED.findall(_tail(path))
+        found = hits[-1].strip() if hits else found
+    return found
+
+
+def _not_requeued(run_dir: Path, view: RunView, claim: dict[str, Any] | None, st: dict[str, Any],
+                  reconcile_dead: bool) -> None:
+    """A Slurm run left ``preempted`` whose job is gone from the queue: it was not requeued and never
+    will be (a requeued job keeps its id in squeue). Failed with submitit's reason, or cancelled."""
+    reason = not_requeued_reason(claim)
+    end = slurm.final_state(view.job_id) if view.job_id else None
+    view.job_state = end or view.job_state
+    ended = f"job {view.job_id} ended {end}" if end else f"job {view.job_id} left the queue"
+    if reason is None and end is not None and end.startswith("CANCELLED"):
+        view.state = "cancelled"
+        view.error = (f"cancelled: {ended} after being preempted, at step {view.step or 0}; "
+                      f"relaunch resumes from the last checkpoint")
+    else:
+        why = reason or "the job was not requeued"
+        if reason and "too many times" in reason:
+            why += " (the cluster.max_num_timeout time-limit requeues are used up)"
+        view.state = "failed"
+        view.error = f"not requeued: {why}; {ended} at step {view.step or 0}; relaunch resumes from the last checkpoint"
+    if reconcile_dead and st:
+        write_state(run_dir, state="failed", error=view.error)
+
+
+def _age(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _metrics_interval(run_dir: Path) -> float | None:
+    """Seconds between the last two rows of metrics.jsonl (their ``elapsed_s``), if known."""
+    rows = []
+    for line in reversed(_tail(Path(run_dir) / METRICS, 65536).splitlines()):
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get("elapsed_s"), (int, float)):
+            rows.append(float(row["elapsed_s"]))
+            if len(rows) == 2:
+                return rows[0] - rows[1] if rows[0] > rows[1] else None
+    return None
+
+
+def _check_standalone(run_dir: Path, view: RunView, st: dict[str, Any], reconcile_dead: bool) -> None:
+    """state.json says running, nobody holds a claim: ask the trainer's recorded process.
+
+    Same host: its pid (and start time) must still be alive, else the run is ``failed`` (lost; the
+    trainer was killed or died before it could write its end state, e.g. of a full disk). Another host,
+    or no pid recorded: ``stale`` when state.json / metrics.jsonl stopped changing for much longer than
+    the trainer writes them, else running with a note that it cannot be checked from here.
+    """
+    pid, host, here = st.get("pid"), st.get("host"), socket.gethostname()
+    if isinstance(pid, int) and host == here:
+        if proc.same_process_alive(pid, st.get("pid_start")):
+            return
+        disk = ""
+        with contextlib.suppress(OSError):
+            free = shutil.disk_usage(run_dir).free
+            if free < 256 * 2**20:
+                disk = f"; its file system has only {free / 2**20:.0f} MiB free (a full disk?)"
+        view.state = "failed"
+        view.error = (f"lost: process {pid} on {host} is gone at step {view.step or 0} without an end marker "
+                      f"(killed, or died before writing state.json){disk}; rerunning resumes from the last checkpoint")
+        if reconcile_dead:
+            now = read_json(run_dir / STATE) or {}
+            if now.get("pid") == pid and now.get("state") == st.get("state"):  # not restarted meanwhile
+                write_state(run_dir, state="failed", error=view.error)
+        return
+    beat = max(_mtime(run_dir / STATE), _mtime(run_dir / METRICS))
+    interval = _metrics_interval(run_dir)
+    limit = max(STALE_AFTER_S, 20 * interval) if interval else STALE_AFTER_S
+    age = time.time() - beat
+    where = f"on {host}" if host else "on an unrecorded host"
+    if beat and age > limit:
+        view.state = "stale"
+        view.error = (f"stale: no update of state.json/metrics.jsonl for {_age(age)} (expected every "
+                      f"{_age(interval) if interval else '?'}); {'pid ' + str(pid) + ' ' if pid else ''}{where} "
+                      f"cannot be checked from here; if it died, rerunning resumes from the last checkpoint")
+    elif host != here:
+        view.note = f"running {where} (not checkable from here)"

@@ -19,14 +19,30 @@ def available() -> bool:
     return shutil.which("squeue") is not None and shutil.which("sbatch") is not None
 
 
-def _run(cmd: list[str], timeout: float = 20) -> str | None:
+#: how long ``squeue`` may take before status gives up on it (the job states are then unverified)
+SQUEUE_TIMEOUT_S = 20.0
+#: squeue states of a job waiting to (re)start: whatever state.json says, nothing of it runs now
+WAITING = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"}
+
+
+def _run_why(cmd: list[str], timeout: float = 20) -> tuple[str | None, str | None]:
+    """``(stdout, None)`` when ``cmd`` succeeded, else ``(None, one line saying why)``."""
     if shutil.which(cmd[0]) is None:
-        return None
+        return None, f"{cmd[0]} not found"
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout if out.returncode == 0 else None
+    except subprocess.TimeoutExpired:
+        return None, f"{cmd[0]} timed out after {timeout:g} s"
+    except OSError as exc:
+        return None, f"{cmd[0]}: {exc}"
+    if out.returncode != 0:
+        err = (out.stderr or out.stdout or "").strip().splitlines()
+        return None, f"{cmd[0]} exited {out.returncode}" + (f": {err[-1].strip()}" if err else "")
+    return out.stdout, None
+
+
+def _run(cmd: list[str], timeout: float = 20) -> str | None:
+    return _run_why(cmd, timeout)[0]
 
 
 def queue() -> dict[str, str] | None:
@@ -35,9 +51,14 @@ def queue() -> dict[str, str] | None:
     Keys hold both spellings of an array element (``<array>_<index>`` and its raw job id) so a
     lookup works with whichever id a run recorded. ``None`` when squeue cannot be asked.
     """
-    out = _run(["squeue", "-h", "-r", "-o", "%A|%i|%T"])
+    return queue_or_error()[0]
+
+
+def queue_or_error() -> tuple[dict[str, str] | None, str | None]:
+    """:func:`queue` and, when squeue could not be asked (failed, timed out), one line saying why."""
+    out, why = _run_why(["squeue", "-h", "-r", "-o", "%A|%i|%T"], timeout=SQUEUE_TIMEOUT_S)
     if out is None:
-        return None
+        return None, why
     jobs: dict[str, str] = {}
     for line in out.splitlines():
         parts = line.strip().split("|")
@@ -45,7 +66,7 @@ def queue() -> dict[str, str] | None:
             raw, nice, state = parts
             jobs[raw] = state
             jobs[nice] = state
-    return jobs
+    return jobs, None
 
 
 def final_state(job_id: str) -> str | None:

@@ -3,7 +3,10 @@
 Reads ``<runs>/<NAME>/*/`` (state.json, metrics.jsonl, summary.json, .claim, error.txt) and, when
 the Slurm tools exist, cross-checks ``squeue`` (and ``sacct`` / ``scontrol show job`` for jobs that
 left the queue; a missing ``sacct`` is tolerated). A run whose job vanished without an end marker
-(``scancel``, node failure) is recorded as failed/cancelled so the next launch resumes it.
+(``scancel``, node failure) is recorded as failed/cancelled so the next launch resumes it; so is a
+standalone ``quartet train`` whose process is gone, and a Slurm run whose job was not requeued after
+a preemption / time limit. When squeue cannot be asked, one warning line says so and Slurm-claimed
+runs show ``unknown`` instead of a guessed state (see ``cluster/runstate.py``).
 """
 from __future__ import annotations
 
@@ -14,20 +17,36 @@ from pathlib import Path
 
 from cluster import runstate, slurm
 
-ORDER = ("running", "pending", "preempted", "failed", "cancelled", "corrupt", "new", "completed")
+ORDER = ("running", "pending", "unknown", "stale", "preempted", "failed", "cancelled", "corrupt", "new", "completed")
 STYLE = {"completed": "green", "running": "cyan", "pending": "blue", "preempted": "yellow",
-         "failed": "red", "cancelled": "magenta", "corrupt": "bold red", "new": "white"}
+         "failed": "red", "cancelled": "magenta", "corrupt": "bold red", "new": "white", "unknown": "bold yellow",
+         "stale": "yellow"}
+#: states after which ``--watch`` keeps refreshing
+ACTIVE = {"running", "pending", "unknown"}
 
 
 def collect(group_dir: Path) -> list[runstate.RunView]:
     """Views of every run directory under ``group_dir`` (sorted by run id)."""
-    queue = slurm.queue() if slurm.available() else None
+    return collect_checked(group_dir)[0]
+
+
+def collect_checked(group_dir: Path) -> tuple[list[runstate.RunView], str | None]:
+    """:func:`collect` plus one warning line when Slurm-claimed runs could not be checked with squeue."""
+    if slurm.available():
+        queue, why = slurm.queue_or_error()
+    else:
+        queue, why = None, "squeue/sbatch are not on PATH"
     views = []
     for d in sorted(p for p in Path(group_dir).iterdir() if p.is_dir() and not p.name.startswith(".")):
         if d.name == "slurm" or not any((d / f).exists() for f in ("config.yaml", runstate.STATE, runstate.SUMMARY)):
             continue
         views.append(runstate.inspect(d, queue))
-    return views
+    unverified = [v for v in views if v.job_state == runstate.UNKNOWN_JOB]
+    warning = None
+    if unverified:
+        warning = (f"quartet status: warning: could not query the Slurm scheduler ({why}); the job states of "
+                   f"{len(unverified)} run(s) are unverified (shown as {runstate.UNKNOWN_JOB}: queued, running or over)")
+    return views, warning
 
 
 def summary_line(views: list[runstate.RunView]) -> str:
@@ -52,7 +71,7 @@ def render(name: str, views: list[runstate.RunView], max_error: int = 60):
         loss = f"{v.loss:.4f}" if isinstance(v.loss, (int, float)) else "-"
         tps = f"{v.tokens_per_s:,.0f}" if isinstance(v.tokens_per_s, (int, float)) else "-"
         job = (v.job_id or "-") + (f" ({v.job_state})" if v.job_state else "")
-        err = (v.error or "")
+        err = v.error or v.note or ""
         err = err if len(err) <= max_error else err[: max_error - 1] + "…"
         table.add_row(v.run_id, f"[{STYLE.get(v.state, 'white')}]{v.state}[/]", step, loss, tps, job, err)
     return table
@@ -110,16 +129,21 @@ def cli_main(argv: list[str] | None = None) -> int:
     if not group.is_dir():
         print(missing_sweep_message(args.name, name, root, bool(args.runs_dir)), file=sys.stderr)
         return 1
-    views = collect(group)
+    views, warning = collect_checked(group)
+    if warning:
+        print(warning, file=sys.stderr)
     if not args.watch:
         console.print(render(name, views))
         return report_corrupt(views)
     try:
         with Live(render(name, views), console=console, refresh_per_second=1) as live:
             while True:
-                views = collect(group)
+                views, again = collect_checked(group)
+                if again and not warning:
+                    warning = again
+                    print(warning, file=sys.stderr)
                 live.update(render(name, views))
-                if not any(v.state in {"running", "pending"} for v in views):
+                if not any(v.state in ACTIVE for v in views):
                     break
                 time.sleep(max(0.5, args.watch))
     except KeyboardInterrupt:

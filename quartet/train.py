@@ -45,6 +45,7 @@ from quartet.data import WindowSampler, open_data, read_windows, val_windows
 from quartet.errors import NonFiniteError, QuartetError
 from quartet.model import BlockLinear, Llama
 from quartet.paths import REPO_ROOT
+from quartet.proc import process_start
 from quartet.runs import config_hash, run_dir, run_id
 
 STATES = ("pending", "running", "preempted", "failed", "completed")
@@ -327,7 +328,7 @@ class Trainer:
             "state": state, "step": prev.get("step", self.step) if keep_step else self.step,
             "total_steps": self.res.steps, "updated": _now(), "error": error,
             "job_id": os.environ.get("SLURM_JOB_ID") or prev.get("job_id"), "host": socket.gethostname(),
-            "run_id": self.run_id,
+            "run_id": self.run_id, "pid": os.getpid(), "pid_start": process_start(os.getpid()),
         })
 
     def _setup_logging(self) -> None:
