@@ -25,8 +25,11 @@ that stops the trainer at a step boundary. Composition still uses Hydra's compos
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -229,12 +232,40 @@ def local_pool(profile: ClusterProfile, n_runs: int, gpus: int | None = None):
         slots = ctx.Queue()
         for slot in gpu_slots(gpus, profile.workers_per_gpu, os.environ.get("CUDA_VISIBLE_DEVICES")):
             slots.put(slot)
+    # os.getpid(): each worker watches this launcher and exits when it dies (cluster.task._watch_launcher)
     return ProcessPoolExecutor(max_workers=size, mp_context=ctx, initializer=_init_local_worker,
-                               initargs=(threads, slots))
+                               initargs=(threads, slots, os.getpid()))
+
+
+@contextlib.contextmanager
+def _sigterm_as_ctrl_c():
+    """SIGTERM (``kill PID``) of the launcher takes the Ctrl-C path while inside: running runs checkpoint
+    and stop, claims are released. (SIGKILL cannot be caught: then the workers see the launcher die
+    and stop by themselves, see ``cluster.task._watch_launcher``.)"""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def run_local(plan: Plan, runs: list[PlannedRun], console=None) -> tuple[int, int, int]:
-    """Run ``runs`` in a process pool on this machine with progress; returns (completed, failed, stopped)."""
+    """Run ``runs`` in a process pool on this machine with progress; returns (completed, failed, stopped).
+
+    Ctrl-C or SIGTERM: running runs checkpoint and stop. Workers never outlive this process.
+    """
+    with _sigterm_as_ctrl_c():
+        return _run_pool(plan, runs, console)
+
+
+def _run_pool(plan: Plan, runs: list[PlannedRun], console=None) -> tuple[int, int, int]:
     from concurrent.futures import FIRST_COMPLETED, wait
 
     from rich.console import Console
@@ -276,6 +307,9 @@ def run_local(plan: Plan, runs: list[PlannedRun], console=None) -> tuple[int, in
                             summ = runstate.read_json(r.run_dir / runstate.SUMMARY) or {}
                             loss = summ.get("val_loss")
                             progress.console.print(f"[green]done[/] {r.run_id}  val_loss={loss:.4f}{on}" if isinstance(loss, (int, float)) else f"[green]done[/] {r.run_id}{on}")
+                        elif state == "skipped":  # another process holds the run's lock (it trains it)
+                            stopped += 1
+                            progress.console.print(f"[yellow]skipped[/] {r.run_id}: {err}")
                         elif state == "failed":
                             failed += 1
                             progress.console.print(f"[red]failed[/] {r.run_id}{on}: {err} (traceback in {r.run_dir / runstate.ERROR})")
@@ -327,6 +361,17 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _say_busy(plan: Plan, console) -> None:
+    """One line per run skipped because a process is training it now (it holds the run's train lock)."""
+    from quartet.runlock import describe
+
+    for r in plan.runs:
+        if r.state == "running":
+            holder = runstate.train_lock_holder(r.run_dir)
+            if holder is not None:
+                console.print(f"skipped {r.run_id}: being trained by {describe(holder)}")
+
+
 def cli_main(argv: list[str] | None = None) -> int:
     """Entry point of ``quartet sweep``."""
     from rich.console import Console
@@ -345,6 +390,7 @@ def cli_main(argv: list[str] | None = None) -> int:
     except QuartetError as exc:
         print(f"quartet sweep: error: {exc}", file=sys.stderr)
         return 2
+    _say_busy(plan, console)
     if args.dry_run:
         console.print("dry run: nothing written, nothing submitted")
         return 0

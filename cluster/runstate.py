@@ -13,6 +13,11 @@ owned by ``cluster/``:
 ``error.txt``
     Traceback of a failed run (also written by the trainer).
 
+The claim says which *launcher* started a run; the process that trains it holds ``.train.lock``
+(:mod:`quartet.runlock`: an flock the kernel drops when that process dies). A run whose train lock
+is held is live whatever its claim says (a launcher killed while its worker checkpoints), and is
+never claimed again until the lock is free: a relaunch cannot start a second trainer on it.
+
 A run whose ``state.json`` says running/pending but whose claim is stale died without saying so
 (``scancel``, node failure, OOM kill): :func:`reconcile` records it as failed, with the Slurm end
 state (e.g. ``CANCELLED``) in the error, so the next launch resumes it from its checkpoint.
@@ -160,7 +165,16 @@ def try_claim(run_dir: Path, info: dict[str, Any], queue: dict[str, str] | None)
     # Deciding "stale" and breaking the claim must be one step: without the lock, a contender that
     # judged the old claim stale could rename away the fresh claim another contender just created.
     with _claim_lock(run_dir):
+        if train_lock_holder(run_dir) is not None:  # a trainer is at work on it, whoever launched it
+            return False
         return _try_claim_locked(run_dir, info, queue)
+
+
+def train_lock_holder(run_dir: Path) -> dict[str, Any] | None:
+    """The record (pid, host, job ids) of the process training ``run_dir`` now ({} if unwritten), or None."""
+    from quartet.runlock import holder
+
+    return holder(run_dir)
 
 
 @contextlib.contextmanager
@@ -295,12 +309,13 @@ def inspect(run_dir: Path, queue: dict[str, str] | None = None, reconcile_dead: 
         return view
     corrupt = corrupt_summary(run_dir)
     if corrupt is not None:  # maybe finished: never "new", never reconciled or relaunched
-        view.state, view.live = "corrupt", claim_alive(claim, queue)
+        view.state, view.live = "corrupt", claim_alive(claim, queue) or train_lock_holder(run_dir) is not None
         view.error = corrupt.replace(str(run_dir / SUMMARY), SUMMARY, 1)  # the table's column: no long path
         return view
     if view.state == "completed":  # summary.json is the only completion marker (it was deleted)
         view.state = "new"
-    view.live = claim_alive(claim, queue)
+    # a held train lock means a trainer is at work, even when the launcher of its claim is gone
+    view.live = claim_alive(claim, queue) or train_lock_holder(run_dir) is not None
     slurm_claim = bool((claim or {}).get("scheduler") == "slurm" and (claim or {}).get("job_id"))
     if view.live:
         if slurm_claim and queue is None:

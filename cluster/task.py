@@ -13,7 +13,11 @@ thread, between bytecodes, so the trainer runs in a worker thread: the handler a
 
 Local pools (``--cluster local``): :func:`_init_local_worker` sets up each pool process once (torch
 threads, and with GPUs its one GPU slot, taken from a queue the launcher filled -- see
-:func:`gpu_slots`); :func:`local_worker` then trains one run per call.
+:func:`gpu_slots`); :func:`local_worker` then trains one run per call. A pool process never outlives
+its launcher (:func:`_watch_launcher`): when the launcher dies, however it dies (``kill -9`` included),
+the process asks its run to checkpoint at the next step boundary and exits. And the trainer itself
+holds the run's lock (:mod:`quartet.runlock`) while it trains, so a relaunch never starts a second
+trainer on a run that is still being trained.
 
 Multi-GPU: with several tasks per job (one per GPU), ``submitit.helpers.TorchDistributedEnvironment``
 exports RANK / LOCAL_RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT, which the trainer reads for DDP.
@@ -23,6 +27,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import sys
 import threading
 import traceback
 from pathlib import Path
@@ -31,6 +36,7 @@ from typing import Any, NamedTuple, Optional
 import submitit
 
 from cluster import runstate
+from quartet.runlock import JOB_ENV, RunLockedError
 
 #: how long a checkpoint request may take before we give up waiting (Slurm kills at the deadline anyway)
 STOP_WAIT_S = 600.0
@@ -76,12 +82,16 @@ def execute_run(run_dir: str | Path, job_id: str | None, on_trainer=None, rank: 
         expected = Path(run_dir_of(cfg)).resolve()
         if expected != run_dir.resolve():
             raise RuntimeError(f"config.yaml in {run_dir} names run dir {expected}; the directory was moved or edited")
-        if rank == 0:
-            runstate.write_state(run_dir, state="running", job_id=job_id, host=socket.gethostname(), error=None)
         trainer = Trainer(cfg)
+        if rank == 0:
+            # recorded once the trainer holds the run lock: a duplicate that is refused writes nothing
+            trainer.on_start.append(lambda _t: runstate.write_state(run_dir, state="running", job_id=job_id,
+                                                                     host=socket.gethostname(), error=None))
         if on_trainer is not None:
             on_trainer(trainer)
         result = trainer.run()
+    except RunLockedError:
+        raise  # another process trains this run: its files are not ours to mark failed
     except BaseException as exc:
         if rank == 0:
             _record_failure(run_dir, exc, job_id)
@@ -199,8 +209,67 @@ def gpu_slots(gpus: int, per_gpu: int, visible: str | None = None) -> list[tuple
 SLOT_WAIT_S = 120.0
 
 
-def _init_local_worker(threads: int, slots=None) -> None:
-    """Pool initializer: its GPU slot (if any), a fixed number of torch threads, SIGINT to the parent.
+#: how long a pool process whose launcher died lets its run checkpoint before it exits anyway
+ORPHAN_GRACE_S = 120.0
+#: how often a pool process checks that its launcher is alive
+WATCH_EVERY_S = 0.5
+
+# State of this pool process, shared by local_worker (main thread) and the launcher watchdog thread.
+_current_trainer = None  # the trainer of the run being trained now (None between runs)
+_run_finished = threading.Event()  # set while no run is in progress
+_run_finished.set()
+_orphaned = threading.Event()  # set once the launcher is gone (or SIGTERM arrived)
+
+
+def _set_parent_death_signal(sig: int) -> None:
+    """Linux: have the kernel send ``sig`` to this process when its parent dies (prctl PR_SET_PDEATHSIG).
+
+    No-op elsewhere; the watchdog's polling of the parent pid covers that case, and the race where
+    the parent died before the prctl call.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _watch_launcher(launcher_pid: int) -> None:
+    """Watchdog thread of a pool process: exit once the launcher is gone.
+
+    The pool's queues cannot tell a worker that its launcher died (each worker holds both ends of the
+    call queue, so it would wait for work forever), and the run it trains would go on with no one
+    to report to while a relaunch may start it again. So: the parent pid changed (the launcher died,
+    the worker was re-parented) or SIGTERM arrived (the launcher's PDEATHSIG, or a user) -> ask the
+    current run to checkpoint and stop at the next step boundary, give it ``ORPHAN_GRACE_S``, then
+    ``os._exit``. The kernel then drops the run's lock; state.json says ``preempted`` and the next
+    launch resumes from the checkpoint.
+    """
+    while not _orphaned.wait(WATCH_EVERY_S):
+        if os.getppid() != launcher_pid:
+            _orphaned.set()
+    trainer = _current_trainer
+    if trainer is not None:
+        trainer.request_stop()
+        _run_finished.wait(ORPHAN_GRACE_S)
+    # no run in progress (or preparing data, with nothing of the run written yet): nothing to save
+    os._exit(1)
+
+
+def _on_sigterm(signum, frame) -> None:
+    # only sets an event (a signal handler runs between bytecodes of the main thread, which may be
+    # inside the training step); the watchdog does the rest
+    _orphaned.set()
+
+
+def _init_local_worker(threads: int, slots=None, launcher_pid: int | None = None) -> None:
+    """Pool initializer: its GPU slot (if any), a fixed number of torch threads, SIGINT to the parent,
+    and a watchdog that makes it exit with its launcher ``launcher_pid`` (see :func:`_watch_launcher`).
 
     ``slots`` is a multiprocessing queue of :func:`gpu_slots` entries holding exactly one per pool
     process, so no GPU ever gets more than ``workers_per_gpu`` workers. The slot is taken and
@@ -228,6 +297,13 @@ def _init_local_worker(threads: int, slots=None) -> None:
         pass
     # Ctrl-C reaches the whole process group; the parent decides (it asks runs to stop via a file).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if launcher_pid is not None:
+        # Die with the launcher: SIGTERM from the kernel the moment it dies (Linux), and a watchdog that
+        # polls the parent pid (any OS; also covers a launcher that died before the prctl call).
+        signal.signal(signal.SIGTERM, _on_sigterm)
+        _set_parent_death_signal(signal.SIGTERM)
+        threading.Thread(target=_watch_launcher, args=(launcher_pid,), name="quartet-launcher-watch",
+                         daemon=True).start()
 
 
 def _gpu_record(gpu: str) -> int | str:
@@ -243,11 +319,17 @@ def local_worker(run_dir: str, job_id: str) -> LocalResult:
     its claim while it runs and in ``state.json`` (``gpu``, ``worker_pid``) once it ends: the
     trainer rewrites state.json while it trains, so only the final write is merged into.
     """
+    global _current_trainer
     run_path = Path(run_dir)
     stop_file = run_path / ".stop"
     watcher_done = threading.Event()
 
     def watch(trainer) -> None:
+        global _current_trainer
+        _current_trainer = trainer
+        if _orphaned.is_set():  # the launcher died while this run was starting
+            trainer.request_stop()
+
         def loop() -> None:
             while not watcher_done.wait(0.5):
                 if stop_file.exists():
@@ -258,8 +340,6 @@ def local_worker(run_dir: str, job_id: str) -> LocalResult:
 
     # The run's own output goes to <run_dir>/stdout.log (the trainer also writes train.log), so the
     # launcher's progress display is not interleaved with several runs' logs.
-    import sys
-
     sys.stdout.flush()
     sys.stderr.flush()
     gpu = os.environ.get(GPU_ENV)
@@ -270,6 +350,10 @@ def local_worker(run_dir: str, job_id: str) -> LocalResult:
             pass
     saved = os.dup(1), os.dup(2)
     log = open(run_path / "stdout.log", "a")
+    _run_finished.clear()
+    # the trainer writes it into the run lock, so the lock names the launch that started the run
+    os.environ[JOB_ENV] = job_id
+    skipped = False
     os.dup2(log.fileno(), 1)
     os.dup2(log.fileno(), 2)
     try:
@@ -278,12 +362,16 @@ def local_worker(run_dir: str, job_id: str) -> LocalResult:
         result = execute_run(run_path, job_id, on_trainer=watch)
         state = "completed" if (run_path / runstate.SUMMARY).exists() else str(result.get("state", "preempted"))
         return LocalResult(run_dir, state, None, gpu)
+    except RunLockedError as exc:  # another process trains it: leave its files alone
+        skipped = True
+        return LocalResult(run_dir, "skipped", str(exc), gpu)
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, traceback in error.txt
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         return LocalResult(run_dir, "failed", f"{type(exc).__name__}: {first}", gpu)
     finally:
+        _current_trainer = None
         watcher_done.set()
-        if gpu is not None:
+        if gpu is not None and not skipped:
             try:
                 runstate.write_state(run_path, gpu=_gpu_record(gpu), worker_pid=os.getpid())
             except OSError:
@@ -295,7 +383,9 @@ def local_worker(run_dir: str, job_id: str) -> LocalResult:
         os.close(saved[0])
         os.close(saved[1])
         log.close()
-        try:
-            stop_file.unlink()
-        except FileNotFoundError:
-            pass
+        if not skipped:
+            try:
+                stop_file.unlink()
+            except FileNotFoundError:
+                pass
+        _run_finished.set()

@@ -40,6 +40,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from quartet import checkpoint as ckpt_io
 from quartet import distributed as qdist
+from quartet import runlock
 from quartet.config import ResolvedRun, compose, load_config_file, resolve, to_container, to_yaml
 from quartet.data import WindowSampler, open_data, read_windows, val_windows
 from quartet.errors import NonFiniteError, QuartetError
@@ -222,6 +223,10 @@ class Trainer:
         self._stop = threading.Event()
         #: callables ``fn(trainer, row)`` called on rank 0 after every optimizer step (row: metrics of the step)
         self.callbacks: list = []
+        #: callables ``fn(trainer)`` called on rank 0 once run() holds the run lock, before it writes anything
+        #: (a launcher records its job in state.json there, so a refused duplicate never touches it)
+        self.on_start: list = []
+        self._lock = None
         self.step = 0
         self.elapsed_prev = 0.0
         self.log = logging.getLogger(f"quartet.train.{self.run_id}.{id(self)}")
@@ -536,7 +541,36 @@ class Trainer:
         return summary
 
     def run(self) -> dict:
-        """Train to the end (or until request_stop); returns the summary (with "state") or a preempted record."""
+        """Train to the end (or until request_stop); returns the summary (with "state") or a preempted record.
+
+        Holds the run's lock (:mod:`quartet.runlock`) from before its first write until it returns: when
+        another process is training this run it raises :class:`~quartet.runlock.RunLockedError` (one line
+        naming the holder) and changes nothing.
+        """
+        done = self._done_or_check()
+        if done is not None:
+            return self._already_done(done)
+        self._lock = self._acquire_lock()
+        try:
+            # the holder we waited for may have just finished it: never train a completed run again
+            done = self._done_or_check()
+            if done is not None:
+                return self._already_done(done)
+            try:
+                if self.is_main:
+                    for fn in self.on_start:
+                        fn(self)
+            except BaseException:
+                qdist.teardown(self.dist)
+                raise
+            return self._run_locked()
+        finally:
+            if self._lock is not None:
+                self._lock.release()
+                self._lock = None
+
+    def _done_or_check(self) -> dict | None:
+        """The summary of a completed run, else None; QuartetError (after teardown) on a corrupt file."""
         try:  # checked before anything is written: a corrupt file stops the run with state.json untouched
             done = self._completed_summary()
             if done is None:
@@ -544,11 +578,32 @@ class Trainer:
         except QuartetError:
             qdist.teardown(self.dist)
             raise
-        if done is not None:
-            if self.is_main:
-                print(f"quartet: {self.dir} is already completed (val_loss={done.get('val_loss')}); not retraining")
+        return done
+
+    def _already_done(self, done: dict) -> dict:
+        if self.is_main:
+            print(f"quartet: {self.dir} is already completed (val_loss={done.get('val_loss')}); not retraining")
+        qdist.teardown(self.dist)
+        return {**done, "state": "completed"}
+
+    def _acquire_lock(self):
+        """Rank 0 takes the run lock; every rank raises RunLockedError (after teardown) if it is held."""
+        lock, refused = None, None
+        if self.is_main:
+            try:
+                lock = runlock.acquire(self.dir, what=f"run {self.run_id}")
+            except runlock.RunLockedError as exc:
+                refused = exc
+        # all ranks must stop together, or the others would wait for rank 0 at the first collective
+        if qdist.any_rank(refused is not None, self.dist, self.device):
+            if lock is not None:
+                lock.release()
             qdist.teardown(self.dist)
-            return {**done, "state": "completed"}
+            raise refused or runlock.RunLockedError(f"run {self.run_id}: rank 0 found it being trained by another "
+                                                    f"process (see {self.dir / runlock.LOCK_FILE})")
+        return lock
+
+    def _run_locked(self) -> dict:
         if self.is_main:
             (self.dir / "ckpt").mkdir(parents=True, exist_ok=True)
         qdist.barrier(self.dist)
