@@ -44,6 +44,20 @@ def _make_classes():
         def __init__(self):
             self.flushed = None  # device int32 counter of FP8 values that were not exact
 
+        def fused_layer(self, scheme):
+            """The fused Quartet layer (or, on ``hopper_fp8``, the FP8 tensor-core layer) where it covers
+            ``scheme`` (:func:`quartet.kernels.linear.fused_covers`)."""
+            from quartet.kernels import linear as fused
+
+            if not fused.fused_covers(scheme, self.name):
+                return None
+            return fused.fused_quant_linear, fused.fused_implementation(scheme)
+
+        def bind_device_draws(self, model, device):
+            from quartet.kernels.linear import bind_device_draws
+
+            return bind_device_draws(model, device) is not None
+
         def supports_device(self, device):
             return HAS_TRITON and torch.device(device).type == "cuda"
 

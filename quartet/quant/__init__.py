@@ -132,19 +132,11 @@ def apply_precision(model: nn.Module, precision_cfg, *, seed: int | None = None,
     backend = get_backend(backend_name, device, scheme.specs())
     plan.backend, plan.backend_detail = backend.name, backend.describe(device)
     operands = scheme.operand_map()
-    # A kernel backend runs the fused Quartet layer where it covers the scheme (each operand quantized
-    # once, FP8 kept for the backward, ~2.5x faster than driving the kernels operand by operand); it
-    # falls back to the seam path itself on steps that record statistics. Imported lazily: the kernel
-    # package needs triton, and the reference backend must run without it.
-    fused_factory = None
+    # A kernel backend offers its fused layer where it covers the scheme (each operand quantized once, FP8
+    # kept for the backward, ~2.5x faster than driving the kernels operand by operand); the layer falls back
+    # to the seam path itself on steps that record statistics.
     seam = "QuantLinear, operand by operand (quartet.quant.linear)"
-    fused_name = seam
-    if backend.name != "reference":
-        from quartet.kernels.linear import fused_covers, fused_implementation, fused_quant_linear
-
-        if fused_covers(scheme, backend.name):
-            fused_factory = fused_quant_linear
-            fused_name = fused_implementation(scheme)
+    fused_factory, fused_name = backend.fused_layer(scheme) or (None, seam)
     for index, (name, mod) in enumerate(found):
         if getattr(mod, "bias", None) is not None:
             raise ConfigError(f"apply_precision: {name} has a bias; block linears must be bias-free")
@@ -163,9 +155,7 @@ def apply_precision(model: nn.Module, precision_cfg, *, seed: int | None = None,
     plan.implementation = impls[0] if len(impls) == 1 else " + ".join(impls) if impls else seam
     plan.high_precision = weighted
     if traceable and fused_factory is not None:
-        from quartet.kernels.linear import bind_device_draws
-
-        plan.traceable = bind_device_draws(model, device) is not None
+        plan.traceable = backend.bind_device_draws(model, device)
         _upload_draws(model)
     return plan
 

@@ -76,6 +76,19 @@ class Backend:
         """One line for the run log: which implementation runs the GEMMs."""
         return f"{self.name} on {device}"
 
+    def fused_layer(self, scheme) -> tuple[Callable, str] | None:
+        """``(factory, implementation name)`` when this backend runs ``scheme``'s block linears as one fused
+        layer instead of operand by operand, else None (the default: the seam path, :class:`QuantLinear`).
+
+        ``factory(weight, scheme, backend, **QuantLinear keywords)`` returns the layer, or None where a layer's
+        shape is not covered. Offered through the backend so that ``quartet.quant`` never names the kernels."""
+        return None
+
+    def bind_device_draws(self, model: torch.nn.Module, device) -> bool:
+        """Switch ``model``'s fused layers to their traceable (compilable, CUDA-graph safe) form; True when there
+        were any. The seam path has none."""
+        return False
+
 
 class ReferenceBackend(Backend):
     """Pure PyTorch fake quantization (quantize → dequantize → float32 matmul). Runs anywhere."""
