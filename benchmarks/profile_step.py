@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="llama_20m")
     ap.add_argument("--configs", default="bf16:compile,fp8:compile,quartet:compile")
     ap.add_argument("--data", default="pycode")
-    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("override", nargs="*", help="extra Hydra overrides for every configuration")
     args = ap.parse_args(argv)
