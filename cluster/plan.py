@@ -47,8 +47,10 @@ class PlannedRun:
         v = self.view
         if v is None or v.state == "new":
             return "new"
-        if v.state in {"completed", "corrupt"}:
-            return "done" if v.state == "completed" else "corrupt"
+        if v.state == "completed":
+            return "done"
+        if v.state == "corrupt":
+            return "corrupt"
         if v.live:
             return "running"
         return v.state if v.state in {"failed", "preempted", "cancelled"} else "new"

@@ -106,18 +106,20 @@ def write_state(run_dir: Path, **fields: Any) -> dict[str, Any]:
     return state
 
 
-def last_metrics(run_dir: Path, max_bytes: int = 65536) -> dict[str, Any] | None:
-    """The last complete row of ``metrics.jsonl`` (reads only the file's tail)."""
-    path = Path(run_dir) / METRICS
+def _tail(path: Path, max_bytes: int = 262144) -> str:
+    """The last ``max_bytes`` of ``path`` as text ("" when it cannot be read)."""
     try:
         with open(path, "rb") as fh:
             fh.seek(0, os.SEEK_END)
-            size = fh.tell()
-            fh.seek(max(0, size - max_bytes))
-            tail = fh.read().decode("utf-8", "replace")
+            fh.seek(max(0, fh.tell() - max_bytes))
+            return fh.read().decode("utf-8", "replace")
     except OSError:
-        return None
-    for line in reversed(tail.splitlines()):
+        return ""
+
+
+def last_metrics(run_dir: Path, max_bytes: int = 65536) -> dict[str, Any] | None:
+    """The last complete row of ``metrics.jsonl`` (reads only the file's tail)."""
+    for line in reversed(_tail(Path(run_dir) / METRICS, max_bytes).splitlines()):
         try:
             row = json.loads(line)
         except ValueError:
@@ -365,16 +367,6 @@ def inspect(run_dir: Path, queue: dict[str, str] | None = None, reconcile_dead: 
 # ------------------------------------------------------------------------------ dead or lost runs
 
 _NOT_REQUEUED = re.compile(r"Job not requeued because: (.+?)\.?\s*$", re.M)
-
-
-def _tail(path: Path, max_bytes: int = 262144) -> str:
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            fh.seek(max(0, fh.tell() - max_bytes))
-            return fh.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
 
 
 def not_requeued_reason(claim: dict[str, Any] | None) -> str | None:

@@ -9,28 +9,29 @@ from __future__ import annotations
 import os
 
 
-def process_start(pid: int) -> int | None:
-    """Start time of ``pid`` in clock ticks since boot (``/proc/<pid>/stat`` field 22); None when unknown."""
+def _stat(pid: int) -> list[str] | None:
+    """Fields 3.. of ``/proc/<pid>/stat`` (after the command name), or None when unreadable."""
     try:
         with open(f"/proc/{int(pid)}/stat", "rb") as fh:
             stat = fh.read().decode("utf-8", "replace")
     except (OSError, ValueError):
         return None
     # the command name (field 2) is in parentheses and may contain spaces: split after its last ')'
-    fields = stat[stat.rfind(")") + 2:].split()
+    return stat[stat.rfind(")") + 2:].split()
+
+
+def process_start(pid: int) -> int | None:
+    """Start time of ``pid`` in clock ticks since boot (``/proc/<pid>/stat`` field 22); None when unknown."""
+    fields = _stat(pid)
     try:
         return int(fields[19])  # field 22 overall: 3 is fields[0]
-    except (IndexError, ValueError):
+    except (TypeError, IndexError, ValueError):
         return None
 
 
 def _zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{int(pid)}/stat", "rb") as fh:
-            stat = fh.read().decode("utf-8", "replace")
-    except (OSError, ValueError):
-        return False
-    return stat[stat.rfind(")") + 2:][:1] in ("Z", "X")
+    fields = _stat(pid)
+    return bool(fields) and fields[0] in ("Z", "X")
 
 
 def pid_alive(pid: int) -> bool:

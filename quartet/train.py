@@ -227,6 +227,7 @@ class Trainer:
         #: (a launcher records its job in state.json there, so a refused duplicate never touches it)
         self.on_start: list = []
         self._lock = None
+        self._pid_start = process_start(os.getpid())  # recorded in state.json: status tells pid reuse apart
         self.step = 0
         self.elapsed_prev = 0.0
         self.log = logging.getLogger(f"quartet.train.{self.run_id}.{id(self)}")
@@ -333,7 +334,7 @@ class Trainer:
             "state": state, "step": prev.get("step", self.step) if keep_step else self.step,
             "total_steps": self.res.steps, "updated": _now(), "error": error,
             "job_id": os.environ.get("SLURM_JOB_ID") or prev.get("job_id"), "host": socket.gethostname(),
-            "run_id": self.run_id, "pid": os.getpid(), "pid_start": process_start(os.getpid()),
+            "run_id": self.run_id, "pid": os.getpid(), "pid_start": self._pid_start,
         })
 
     def _setup_logging(self) -> None:
