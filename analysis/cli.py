@@ -221,9 +221,17 @@ def _print_profile(df, args) -> None:
           f"{prof.attrs.get('seed_noise_log', float('nan')):.4f}):")
     print(prof[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     ranges = profile_ranges(prof)
-    if not ranges:
-        print("• no seed replicates to measure noise with (or no E fits within it): which E the data admit is not "
-              "judged; read the table")
+    noise = prof.attrs.get("seed_noise_log", float("nan"))
+    if not ranges and prof["admissible"].notna().any():
+        best = prof.loc[prof["rms_log_residual"].idxmin()]
+        effs = [c[: -len("_effN")] for c in prof.columns if c.endswith("_effN")]
+        spans = "; ".join(f"{label} effN {prof[f'{label}_effN'].min():.3f}-{prof[f'{label}_effN'].max():.3f}, "
+                          f"effD {prof[f'{label}_effD'].min():.3f}-{prof[f'{label}_effD'].max():.3f}" for label in effs)
+        print(f"• no E fits the base cells within the pooled seed noise {noise:.4f}: the smallest RMS log residual is "
+              f"{best['rms_log_residual']:.4f} (at E = {best['E']:.3g}), so the law's form, not E, limits the fit — "
+              f"look at the cells with the largest residuals. Over the whole grid of E (none admissible): {spans}")
+    elif not ranges:
+        print("• no seed replicates to measure noise with: which E the data admit is not judged; read the table")
     if ranges:
         lo, hi = ranges["E"]
         schemes = {label: r for label, r in ranges.items() if label != "E"}

@@ -397,7 +397,13 @@ def plot_e_profile(profile: pd.DataFrame, out_dir: Path) -> list[Path]:
             a.axvspan(ok["E"].min(), ok["E"].max(), color="tab:green", alpha=0.08, lw=0)
     ax.set_xlabel("irreducible loss E (fixed)")
     ax.set_ylabel("efficiency")
-    ax.set_title("efficiencies refitted at each E (shaded: E the data admit)", fontsize=9)
+    if not ok.empty:
+        note = "shaded: E the data admit"
+    elif np.isfinite(noise):
+        note = "no E fits within the seed noise"  # the law's form, not E, limits the fit
+    else:
+        note = "no replicates: no E judged"
+    ax.set_title(f"efficiencies refitted at each E ({note})", fontsize=9)
     ax.legend(fontsize=7, ncol=2)
     ax2.set_xlabel("irreducible loss E (fixed)")
     ax2.set_ylabel("RMS log residual of the base fit")

@@ -8,7 +8,8 @@ at its replicated cell; for a size not yet run, the largest size's). The cell wh
 noise is the one whose measurement rules laws out; GPU cost grows as N² · D/N, so it is listed too
 (``gpu_cost`` = N · D relative to the largest measured cell).
 
-    .venv/bin/python benchmarks/ladder_next_cell.py                     # -> benchmarks/results/ladder/next_cell.csv
+    .venv/bin/python benchmarks/ladder_next_cell.py --losses benchmarks/results/ladder/round5/losses_round4.csv
+                                                        # -> benchmarks/results/ladder/next_cell_round4.csv
     .venv/bin/python benchmarks/ladder_next_cell.py --drop llama_20m:20 --out /tmp/before_round4.csv
                                                         # what the round-3 data said before round 4 ran that cell
 
@@ -17,6 +18,22 @@ at the highest admissible prediction (fp8 and quartet at that size's mean measur
 cell bootstrap, and report E's interval — does measuring that cell identify E, whatever it turns out to be?
 
     .venv/bin/python benchmarks/ladder_next_cell.py --what-if           # ~2 min on 2 cores
+
+``--design`` asks the same of a whole set of new cells at once (a new rung, or two): every cell of the design is
+planted from one admissible law at a time — the lowest-E, a middle and the highest-E law, each a possible truth —
+and the table is refitted with a 100-resample cell bootstrap. ``--only bf16`` plants the base runs alone (the base
+law is fitted on bf16; the efficiencies keep the measured cells):
+
+    .venv/bin/python benchmarks/ladder_next_cell.py --design llama_50m:5,llama_50m:10 --only bf16
+
+Round 5 asked it of the round-4 table (before the 1.0M rung was retrained; after it no E is admissible) —
+``benchmarks/results/ladder/design_what_if_round4.csv``:
+
+    L=benchmarks/results/ladder; .venv/bin/python benchmarks/ladder_next_cell.py --losses $L/round5/losses_round4.csv \
+        --design llama_50m:5,llama_50m:10 --design llama_50m:5,llama_50m:10,llama_100m:5 --only bf16 --out /tmp/a.csv
+    .venv/bin/python benchmarks/ladder_next_cell.py --losses $L/round5/losses_round4.csv --drop llama_1m:10 \
+        --drop llama_1m:20 --drop llama_1m:40 --drop llama_1m:80 --drop llama_1m:160 \
+        --design llama_50m:5,llama_50m:10 --design llama_50m:5,llama_50m:10,llama_50m:20 --out /tmp/b.csv
 """
 from __future__ import annotations
 
@@ -33,7 +50,7 @@ from analysis.report import average_replicates, base_rows, fit_all, seed_noise_l
 
 HERE = Path(__file__).resolve().parent / "results" / "ladder"
 SIZES = {"llama_1m": 1_049_728, "llama_3m": 3_410_176, "llama_7m": 7_081_344, "llama_20m": 20_453_888,
-         "llama_50m": 50_000_000}
+         "llama_30m": 30_482_560, "llama_50m": 49_556_736, "llama_100m": 102_823_936}
 CANDIDATES = [("llama_7m", 40), ("llama_7m", 80), ("llama_20m", 20), ("llama_20m", 40), ("llama_50m", 5),
               ("llama_50m", 10)]
 
@@ -43,8 +60,11 @@ def main(argv=None) -> pd.DataFrame:
     p.add_argument("--losses", type=Path, default=HERE / "losses.csv")
     p.add_argument("--drop", action="append", default=[], metavar="MODEL:DN",
                    help="leave a measured cell out (e.g. to replay an earlier round's decision)")
-    p.add_argument("--out", type=Path, default=HERE / "next_cell.csv")
+    p.add_argument("--out", type=Path, default=HERE / "next_cell_round4.csv")
     p.add_argument("--what-if", action="store_true", help="refit with each candidate planted at both ends")
+    p.add_argument("--design", action="append", default=[], metavar="MODEL:DN[,MODEL:DN...]",
+                   help="plant this set of cells from each of three admissible laws and refit (repeatable)")
+    p.add_argument("--only", default=None, metavar="PRECISION", help="with --design: plant only this precision")
     args = p.parse_args(argv)
     raw = pd.read_csv(args.losses)
     for item in args.drop:
@@ -63,6 +83,12 @@ def main(argv=None) -> pd.DataFrame:
         rms = float(np.sqrt(np.mean(np.log(base["loss"].to_numpy() / pred) ** 2)))
         if rms <= noise_log:
             laws.append((float(e_val), fit.params))
+    if not laws:
+        raise SystemExit(f"ladder_next_cell: no E on the grid fits the base cells within the pooled seed noise "
+                         f"({noise_log:.4f}): there are no admissible laws to ask (`quartet fit --profile-e` shows "
+                         f"the residuals); replay an earlier table with --losses")
+    if args.design:
+        return _what_if_designs(raw, laws, args.design, args.only, args.out)
     # per-size bf16 seed sd (replicated cells); unseen sizes borrow the largest measured size's
     bf = raw[raw["precision"] == "bf16"]
     sd = bf.groupby(["model", "tokens"])["loss"].std().dropna().groupby(level=0).min()
@@ -89,6 +115,50 @@ def main(argv=None) -> pd.DataFrame:
     out.to_csv(args.out, index=False)
     print(out.to_string(index=False))
     return out
+
+
+def _mean_gaps(raw: pd.DataFrame, model: str) -> dict:
+    """Each precision's mean loss gap to bf16 at ``model`` (at the largest measured size for a size not yet run)."""
+    size = raw[raw["model"] == model] if (raw["model"] == model).any() else raw[raw["n_params"] == raw["n_params"].max()]
+    cells = size.groupby(["precision", "tokens"])["loss"].mean().unstack(0)
+    return {p: float((cells[p] - cells["bf16"]).mean()) for p in cells.columns}
+
+
+def _what_if_designs(raw: pd.DataFrame, laws: list, designs: list[str], only: str | None, out: Path) -> pd.DataFrame:
+    """E's and the efficiencies' bootstrap intervals after adding each design, planted from three admissible laws."""
+    picks = sorted({0, len(laws) // 2, len(laws) - 1})
+    rows = []
+    for design in designs:
+        cells = [(m, float(dn)) for m, dn in (item.split(":") for item in design.split(","))]
+        for i in picks:
+            e_val, params = laws[i]
+            new = []
+            for model, dn in cells:
+                n = SIZES[model]
+                bf16 = float(predict(params, np.array([n]), np.array([n * dn]))[0])
+                for p, gap in _mean_gaps(raw, model).items():
+                    if only is None or p == only:
+                        new.append({"n_params": n, "tokens": n * dn, "forward": p, "backward": p, "loss": bf16 + gap,
+                                    "seed": 0, "model": model, "precision": p,
+                                    "run_id": f"planted-{model}-{dn:g}-{p}"})
+            table = pd.concat([raw, pd.DataFrame(new)], ignore_index=True)
+            rep = fit_all(frame_from_table(table, name="what-if"), "busbridge", bootstrap=100, seed=0)
+            lo, hi = rep.base_intervals["E"]
+            row = {"design": design, "only": only or "all", "planted_E": round(e_val, 3),
+                   "fitted_E": round(float(rep.base.params["E"]), 3), "E_interval": f"[{lo:.2f}, {hi:.2f}]",
+                   "status": rep.base.status}
+            for eff in rep.efficiencies:
+                ints = rep.eff_intervals.get(eff.scheme, {})
+                for key in ("eff_n", "eff_d"):
+                    if key in ints:
+                        row[f"{eff.scheme}_{key}"] = f"[{ints[key][0]:.2f}, {ints[key][1]:.2f}]"
+            rows.append(row)
+            print(row, flush=True)
+    frame = pd.DataFrame(rows)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    frame.to_csv(out, index=False)
+    print(frame.to_string(index=False))
+    return frame
 
 
 def _planted_e_interval(raw: pd.DataFrame, model: str, n: float, dn: float, bf16_loss: float) -> str:

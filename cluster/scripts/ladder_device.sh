@@ -10,6 +10,9 @@
 #   bash cluster/scripts/ladder_device.sh session     # THERE, one lease: GPU tests while the corpus builds, then
 #                                                     # `ladder` with the compile mode the tests allow (below);
 #                                                     # GPU_TESTS='<pytest args>' narrows the tests
+#   bash cluster/scripts/ladder_device.sh lrprobe     # THERE: corpus, the llama_1m bf16 LR probe
+#                                                     # (sweeps/ladder_1m_lr.yaml), its rule writes the winner into
+#                                                     # conf/model/llama_1m.yaml, then `ladder` (retrains that rung)
 #
 # On a machine with the project installed (pip install -e .) none of this is needed: docs/ladder.md gives the
 # three plain commands. Results go to $OUT (default .cache/ladder_out): logs, benchmark JSON, and runs.tar.gz
@@ -112,6 +115,24 @@ PYEOF
 )
   echo "sweep overrides chosen by the GPU tests: '${choice}'" | tee "$OUT/session.txt"
   SWEEP_ARGS="${SWEEP_ARGS:-} $choice"
+  mode=ladder
+fi
+
+if [ "$mode" = lrprobe ]; then
+  # The 1.0M rung's peak LR, chosen on bf16 alone by the rule in benchmarks/ladder_lr_probe.py; the ladder then
+  # runs with it (the rung's run ids change with its LR, so LADDER_RESTORE retires the old rung's runs)
+  prepare_data
+  prepared=1
+  stamp "LR probe: quartet sweep ladder_1m_lr --cluster local_gpu ${PROBE_ARGS:-cluster.workers_per_gpu=8}"
+  t=$(date +%s)
+  "$PY" -m quartet.cli sweep ladder_1m_lr --cluster local_gpu --runs-dir "$RUNS" ${PROBE_ARGS:-cluster.workers_per_gpu=8} \
+    > "$OUT/lr_probe_sweep.log" 2>&1
+  rc=$?
+  stamp "LR probe finished after $(( $(date +%s) - t )) s (exit $rc)"
+  "$PY" benchmarks/ladder_lr_probe.py "$RUNS/ladder_1m_lr" --apply conf/model/llama_1m.yaml --csv "$OUT/lr_probe.csv" \
+    2>&1 | tee "$OUT/lr_probe.txt"
+  [ "${PIPESTATUS[0]}" = 0 ] || { collect; exit 2; }
+  cp conf/model/llama_1m.yaml "$OUT/"
   mode=ladder
 fi
 

@@ -62,3 +62,44 @@ def test_first_ladder_runs_keep_their_ids():
     ids = {r.run_id for r in plan.runs}
     kept = {i for i in first if "-dn5-" not in i or i.startswith("llama_7m")}
     assert kept and kept <= ids
+
+
+def test_lr_probe_sweep_and_its_rule(tmp_path: Path):
+    """sweeps/ladder_1m_lr.yaml: llama_1m in bf16 only, 4 LRs x 2 budgets x 3 seeds (each with its data order); the
+    rule of benchmarks/ladder_lr_probe.py picks the lowest mean over seeds and budgets, refuses an unfinished
+    probe, and rewrites only the model YAML's lr line."""
+    import importlib.util
+    import json
+
+    import pytest
+
+    runs = expand(load_sweep("ladder_1m_lr"))
+    assert len(runs) == 24 and {r.values["model"] for r in runs} == {"llama_1m"}
+    assert {r.values["precision"] for r in runs} == {"bf16"}
+    keys = {(r.values["optim.lr"], r.values["budget"], r.values.get("run.seed", 0), r.values.get("run.data_seed"))
+            for r in runs}
+    assert len(keys) == 24 and {k[0] for k in keys} == {0.003, 0.006, 0.012, 0.024}
+
+    spec = importlib.util.spec_from_file_location("ladder_lr_probe", Path(__file__).resolve().parents[2]
+                                                  / "benchmarks" / "ladder_lr_probe.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    folder = tmp_path / "probe"
+    # lr 0.006 is best on average although 0.003 wins at D/N 10
+    losses = {(0.003, 10): 3.30, (0.003, 40): 2.40, (0.006, 10): 3.35, (0.006, 40): 2.25}
+    for (lr, dn), loss in losses.items():
+        for seed in (0, 1, 2):
+            run = folder / f"r-{lr}-{dn}-{seed}"
+            run.mkdir(parents=True)
+            (run / "summary.json").write_text(json.dumps({
+                "lr": lr, "tokens_per_param": dn - 0.01, "seed": seed, "val_loss": loss + 0.01 * seed,
+                "run_id": run.name, "model": "llama_1m", "precision": "bf16"}))
+    lr, table = probe.choose(probe.load_probe(folder))
+    assert lr == 0.006 and list(table["seeds_dn10"]) == [3, 3]
+    model_yaml = tmp_path / "m.yaml"
+    model_yaml.write_text("name: x\nlr: 0.003   # old\nbatch_size: 32\n")
+    probe.apply_lr(model_yaml, lr, "probe")
+    assert model_yaml.read_text() == "name: x\nlr: 0.006    # probe\nbatch_size: 32\n"
+    (folder / "unfinished").mkdir()
+    with pytest.raises(SystemExit, match="no summary.json"):
+        probe.load_probe(folder)
