@@ -64,14 +64,21 @@ MS_EDEN_SCALE_MAX = 256.0
 
 
 def _tensor_scale(g: torch.Tensor, c: float, scale_max: float) -> torch.Tensor:
-    """FP32 tensor scale amax/(c·scale_max) (1.0 for an all-zero tensor)."""
+    """FP32 tensor scale amax/(c·scale_max) (1.0 for an all-zero tensor; NaN when the tensor holds a NaN)."""
     amax = g.abs().amax()
-    return torch.where(amax > 0, amax * (1.0 / (c * scale_max)), torch.ones_like(amax))
+    return torch.where(amax == 0, torch.ones_like(amax), amax * (1.0 / (c * scale_max)))
+
+
+def _scaled(g: torch.Tensor, block: torch.Tensor, ts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y = g/(block·S), the scale block·S) of a grouped tensor. A non-finite input makes S non-finite: its y are
+    zeroed here (the rounding cannot take NaN) and x̂ = q·(block·S) comes out NaN."""
+    s = (block * ts).unsqueeze(-1)
+    return torch.nan_to_num(g / s, nan=0.0), s
 
 
 def _rtn(g: torch.Tensor, block: torch.Tensor, ts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(E2M1 values q, scaled inputs y = g/(block·S)) of a grouped tensor."""
-    y = g / (block * ts).unsqueeze(-1)
+    """(E2M1 values q, scaled inputs y) of a grouped tensor, round to nearest."""
+    y, _ = _scaled(g, block, ts)
     return round_to_e2m1(y), y
 
 
@@ -82,8 +89,8 @@ def nvfp4_sr_headroom(x: torch.Tensor, generator: torch.Generator | None = None,
     c = E2M1_MAX * SR_HEADROOM
     ts = _tensor_scale(g, c, E4M3_MAX)
     block = e4m3_block_scale(g.abs().amax(dim=-1), c, ts)
-    s = (block * ts).unsqueeze(-1)
-    return (round_to_e2m1(g / s, stochastic=True, generator=generator) * s).reshape(x.shape), block, ts
+    y, s = _scaled(g, block, ts)
+    return (round_to_e2m1(y, stochastic=True, generator=generator) * s).reshape(x.shape), block, ts
 
 
 def nvfp4_four_over_six(x: torch.Tensor, group: int = 16) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
