@@ -226,10 +226,13 @@ def reference_quantize(x: torch.Tensor, spec: QuantizerSpec, seed: int | None = 
     if kind == "nvfp4":
         xq, block, ts = mx.nvfp4_quantize(x, spec.stochastic, gen, spec.group)
         return QTensor(values=xq, data={"scale": block * ts})
-    if kind in ("nvfp4_4o6", "nvfp4_sr1617", "ms_eden"):
-        xq, block, ts = (quartet2.nvfp4_four_over_six(x, spec.group) if kind == "nvfp4_4o6" else
-                         quartet2.nvfp4_sr_headroom(x, gen, spec.group) if kind == "nvfp4_sr1617" else
-                         quartet2.ms_eden_quantize(x, gen, spec.group))
+    if kind in ("nvfp4_4o6", "nvfp4_sr1617", "ms_eden"):  # Quartet II's NVFP4 quantizers
+        if kind == "nvfp4_4o6":
+            xq, block, ts = quartet2.nvfp4_four_over_six(x, spec.group)
+        elif kind == "nvfp4_sr1617":
+            xq, block, ts = quartet2.nvfp4_sr_headroom(x, gen, spec.group)
+        else:
+            xq, block, ts = quartet2.ms_eden_quantize(x, gen, spec.group)
         return QTensor(values=xq, data={"scale": block * ts})
     if kind == "mxfp8":
         return QTensor(values=mx.mxfp8_quantize(x, spec.group), data={"scale": mx.mxfp8_scales(x, spec.group)})
