@@ -51,7 +51,7 @@ QUANTIZERS: dict[str, tuple[QuantizerSpec, str]] = {
 #: Published Gaussian figures. MXFP4 rows: Table 2 of the Quartet paper (v4). NVFP4 rows: Quartet II's
 #: (arXiv 2601.22813) figures as its authors' notebook computes them (IST-DASLab/Quartet-II @8776a90,
 #: notebooks/unbiasedness.ipynb: N(0,1)·2^U(0,8) rows of 128 after a 128-Hadamard; MS-EDEN there takes its
-#: correction over the 128-element rotation group, ours over each 16-group as in the paper's v2 and CUDA kernels).
+#: correction over the 128-element rotation group, ours over each 16-group as in the paper's v2 and the authors' fused RHT-128 kernel).
 PAPER = {
     "sr_absmax": {"mse": 2.77e-2, "misalignment": 0.0},
     "rtn_absmax": {"mse": 1.37e-2, "misalignment": 9.3e-3},
