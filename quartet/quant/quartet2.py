@@ -27,9 +27,10 @@ Maths. NVFP4 stores x̂ = q·e_g·S: q on the E2M1 grid {0, 0.5, 1, 1.5, 2, 3, 4
   with the clipping factor c = 6·(16/17)/0.93 ≈ 6.07 of the authors' code (``backward_scale_override =
   17/16·0.93``, the upper end of the paper's window 6·16/17 ≤ c ≤ 6·16/17/0.93): the amax lands a little past
   6 and saturates, which the correction S_g accounts for. The correction is taken over each 16-group (paper
-  v2, and the fused RHT-128 kernel of the authors' ``Quartet_II_linear``; their Triton training code and another
-  CUDA kernel take it over the 128-element rotation group). Unbiasedness needs the random-sign Hadamard in front, which the scheme supplies
-  (``random_hadamard`` on the backward GEMMs); without one the estimate is biased like RTN.
+  v2, and the fused RHT-128 kernel of the authors' ``Quartet_II_linear``; their Triton training code and
+  another CUDA kernel take it over the 128-element rotation group). Unbiasedness needs the random-sign
+  Hadamard in front, which the scheme supplies (``random_hadamard`` on the backward GEMMs); without one the
+  estimate is biased like RTN.
 
 Both functions take the already-rotated tensor, work in float32 on any device (the error and correction sums
 in float64, so CPU and GPU agree on the 4/6 choice) and follow :func:`quartet.quant.mx.nvfp4_quantize`'s edge
