@@ -13,7 +13,7 @@ from dataclasses import dataclass
 @dataclass
 class PrecisionConfig:
     #: scheme name in the registry (bf16, fp8, quartet, quartet_sr, quest_fwd, sr_bwd, rtn_bwd, sr_fwd,
-    #: rtn_fwd, ms_fp4, luq_int4, nvfp4)
+    #: rtn_fwd, ms_fp4, luq_int4, nvfp4, quartet2, mxfp8)
     name: str = "bf16"
     #: short label of the forward-GEMM precision, used by the analysis (bf16, quest, fp8, ...)
     forward: str = "bf16"
@@ -23,7 +23,8 @@ class PrecisionConfig:
     backend: str = "auto"
     #: per-layer quantization statistics every N steps (0 = never)
     stats_every: int = 0
-    #: block size of the (random) Hadamard transforms of the MXFP4 schemes: 32, 64, 128 or 256
+    #: block size of the (random) Hadamard transforms of the MXFP4 schemes and of quartet2's backward: 32, 64, 128
+    #: or 256
     hadamard_block: int = 32
     #: FP8 scale granularity of the fp8 scheme: tensor (per-tensor current scaling) | row
     fp8_scaling: str = "tensor"

@@ -11,7 +11,9 @@ saturates to 6. −0 has its own code 8 (sign bit set, magnitude 0). Stochastic 
 neighbour of the bracketing grid pair with probability (|y| − lo)/(hi − lo), so E[q] = y inside
 [−6, 6]. E8M0 is an 8-bit biased exponent: code c means 2^(c−127), c = 255 is NaN. FP8 uses
 PyTorch's native ``float8_e4m3fn`` / ``float8_e5m2`` casts (round-to-nearest-even) after clamping
-to the format's largest finite value, so overflow saturates instead of producing NaN/Inf.
+to the format's largest finite value, so overflow saturates instead of producing NaN/Inf. E4M3 spaces its
+values 2^(e−3) apart in the binade [2^e, 2^(e+1)) (e ≥ −6) and 2^-9 apart below 2^-6 (subnormals); stochastic
+rounding to E4M3 picks the upper of the two neighbours with probability (|v| − lo)/(hi − lo).
 
 Everything here is pure PyTorch, device-agnostic, and computes in float32. Scales divide by a
 non-power-of-two constant c as ``amax * (1/c)``: CUDA turns a division by a Python scalar into that
@@ -35,6 +37,7 @@ __all__ = [
     "E4M3_MAX",
     "E5M2_MAX",
     "round_to_fp8",
+    "round_to_e4m3_stochastic",
     "fp8_quantize",
     "round_to_int4",
     "int4_quantize",
@@ -176,6 +179,20 @@ def round_to_fp8(y: torch.Tensor, fmt: str = "e4m3") -> torch.Tensor:
         raise ValueError(f"fp8 format must be one of {sorted(_FP8_DTYPES)}, got {fmt!r}")
     dtype, fmax = _FP8_DTYPES[fmt]
     return y.float().clamp(-fmax, fmax).to(dtype).float()
+
+
+def round_to_e4m3_stochastic(v: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Unbiased stochastic rounding to E4M3 (float32 result), saturating at ±448: E[result] = v for |v| ≤ 448.
+
+    The neighbours lo ≤ |v| ≤ hi are a multiple of the local spacing 2^(max(floor(log2|v|), −6) − 3) apart, so
+    lo = floor(|v|/spacing)·spacing and p = (|v| − lo)/spacing are exact; values already on the grid come back
+    unchanged (p = 0). One uniform per element from ``generator``; NaN stays NaN."""
+    v = v.float()
+    a = v.abs().clamp(max=E4M3_MAX)
+    spacing = torch.exp2((floor_log2(a).clamp(min=-6) - 3).float())  # (a = 0: any spacing gives lo = 0, p = 0)
+    lo = torch.floor(a / spacing) * spacing
+    up = _uniform(a.shape, generator, a.device) < (a - lo) / spacing
+    return torch.copysign(lo + up.float() * spacing, v)
 
 
 def fp8_quantize(x: torch.Tensor, fmt: str = "e4m3", scaling: str = "tensor") -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,4 +1,4 @@
-"""Block-scaled FP4 quantizers: MXFP4 (32-groups, E8M0 scales) and NVFP4 (16-groups, E4M3 scales).
+"""Block-scaled quantizers: MXFP4 and MXFP8 (32-groups, E8M0 scales) and NVFP4 (16-groups, E4M3 scales).
 
 Maths. Each group g of ``group`` consecutive elements along the last dim (the GEMM reduction axis)
 gets one scale s_g and the elements are stored as E2M1 values q with x̂ = q·s_g.
@@ -24,6 +24,10 @@ gets one scale s_g and the elements are stored as E2M1 values q with x̂ = q·s_
   e = E4M3(amax_g/6/S), so x̂ = q·e·S. A block scale that would underflow E4M3 (amax_g/6/S < 2^-10,
   a group more than ~2^18 below the tensor's amax) is raised to E4M3's smallest subnormal 2^-9 so
   the group keeps its largest values (rounded coarsely) instead of becoming zero.
+* MXFP8 (OCP MX v1.0, E4M3 elements): s = 2^(floor(log2 amax) − 8), 8 being E4M3's largest exponent
+  (448 = 1.75·2^8), clamped to E8M0's range after the shift like MXFP4; x̂ = E4M3_RTNE(x/s)·s. max|x/s| ∈
+  [256, 512), so values in (448, 512)·s saturate to 448·s (the spec's saturating conversion); values below
+  2^-10·s flush to 0 through E4M3's subnormals. A group holding Inf/NaN gets a NaN scale and NaN values.
 
 All functions take an already-rotated tensor, work in float32 on any device and are vectorised
 over groups (one reshape, no Python loops).
@@ -50,11 +54,19 @@ __all__ = [
     "absmax_mxfp4",
     "rtn_absmax_mxfp4",
     "mx_codes",
+    "MXFP8_ELEM_EMAX",
+    "mxfp8_scales",
+    "mxfp8_quantize",
+    "mxfp8_codes",
+    "e4m3_block_scale",
     "nvfp4_quantize",
 ]
 
 #: The smallest positive E4M3 value (subnormal 2^-9), the smallest NVFP4 block scale.
 E4M3_MIN_SUBNORMAL = 2.0 ** -9
+
+#: OCP MX: the largest exponent of an E4M3 element (448 = 1.75·2^8); the MXFP8 scale is 2^(floor(log2 amax) − 8).
+MXFP8_ELEM_EMAX = 8
 
 #: 2.92247856 / 6: the MSE-optimal E2M1 clip for a unit Gaussian, divided by the largest grid value.
 QUEST_SCALE_FACTOR = 0.48707976
@@ -175,17 +187,51 @@ def mx_codes(xq: torch.Tensor, scales: torch.Tensor, group: int = 32, factor: fl
     return e2m1_encode(q).reshape(xq.shape), e8m0_encode(scales)
 
 
+def mxfp8_scales(x: torch.Tensor, group: int = 32) -> torch.Tensor:
+    """Per-group MXFP8 scale, shape (..., K/group): 2^(floor(log2 amax) − 8), the exponent clamped to E8M0's
+    [-127, 127] after the shift (amax < 2^-119 gives 2^-127); 2^-8 for an all-zero group; NaN for a group holding
+    Inf/NaN (E8M0 code 255)."""
+    return _pow2_floor(_grouped(x, group).abs().amax(dim=-1), shift=-MXFP8_ELEM_EMAX)
+
+
+def mxfp8_quantize(x: torch.Tensor, group: int = 32) -> torch.Tensor:
+    """MXFP8 (OCP MX, E4M3 elements) fake quantization: x̂ = E4M3_RTNE(x/s)·s with s = :func:`mxfp8_scales`,
+    saturating at ±448·s; the groups with a NaN scale come back NaN."""
+    g = _grouped(x, group)
+    s = mxfp8_scales(x, group).unsqueeze(-1)
+    nan = torch.isnan(s)
+    y = torch.where(nan, 0.0, g / torch.where(nan, 1.0, s))  # dividing by a power of two is exact
+    return torch.where(nan, float("nan"), round_to_fp8(y, "e4m3") * s).reshape(x.shape)
+
+
+def mxfp8_codes(xq: torch.Tensor, scales: torch.Tensor, group: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    """Storage form of an MXFP8 tensor → (E4M3 element codes uint8, E8M0 scale codes uint8).
+
+    Decoding ``codes.view(torch.float8_e4m3fn)`` times the decoded scales gives ``xq`` back exactly; a group with a
+    NaN scale (code 255) stores element codes 0."""
+    g = _grouped(xq, group)
+    sc = scales.float().unsqueeze(-1)
+    nan = ~torch.isfinite(sc)
+    y = torch.where(nan, 0.0, g / torch.where(nan, 1.0, sc))
+    return y.to(torch.float8_e4m3fn).view(torch.uint8).reshape(xq.shape), e8m0_encode(scales)
+
+
+def e4m3_block_scale(amax_g: torch.Tensor, c: float, tensor_scale: torch.Tensor) -> torch.Tensor:
+    """NVFP4 block scale that maps a group's amax to the E2M1 value ``c``: E4M3(amax_g/c/S), S the FP32 tensor scale.
+
+    A nonzero group whose scale underflows E4M3 gets the smallest subnormal 2^-9 (1.0 would zero it: its values
+    would all round to 0); an all-zero group gets 1.0."""
+    block = round_to_fp8(amax_g * (1.0 / c) / tensor_scale, "e4m3")
+    return torch.where(amax_g > 0, block.clamp(min=E4M3_MIN_SUBNORMAL), torch.ones_like(block))
+
+
 def nvfp4_quantize(x: torch.Tensor, stochastic: bool = False, generator: torch.Generator | None = None,
                    group: int = 16) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """NVFP4 fake quantization → (x̂ float32, per-group E4M3 scale (float32 values), FP32 tensor scale)."""
     g = _grouped(x, group)
     amax = g.abs().amax()
     tensor_scale = torch.where(amax > 0, amax * (1.0 / (E2M1_MAX * E4M3_MAX)), torch.ones_like(amax))
-    amax_g = g.abs().amax(dim=-1)
-    block = round_to_fp8(amax_g * (1.0 / E2M1_MAX) / tensor_scale, "e4m3")
-    # a nonzero group whose scale underflows E4M3 gets the smallest subnormal 2^-9 (1.0 would zero it: its values
-    # would all round to 0); an all-zero group gets 1.0
-    block = torch.where(amax_g > 0, block.clamp(min=E4M3_MIN_SUBNORMAL), torch.ones_like(block))
+    block = e4m3_block_scale(g.abs().amax(dim=-1), E2M1_MAX, tensor_scale)
     s = (block * tensor_scale).unsqueeze(-1)
     q = round_to_e2m1(g / s, stochastic=stochastic, generator=generator)
     return (q * s).reshape(x.shape), block, tensor_scale

@@ -1,6 +1,7 @@
 """Quantizer specifications and their reference (pure PyTorch) implementations.
 
-Maths of the quantizers that do not live in :mod:`quartet.quant.mx`:
+Maths of the quantizers that do not live in :mod:`quartet.quant.mx` (MX / NVFP4 block scaling) or
+:mod:`quartet.quant.quartet2` (Four Over Six, MS-EDEN):
 
 * MS-FP4 (Wang et al. 2025): absmax E2M1 with an FP32 scale per row of the operand as the GEMM
   sees it (per token for activations, per output channel for weights): s = amax_row/6, x̂ = RTN(x/s)·s.
@@ -27,13 +28,14 @@ from typing import Any
 
 import torch
 
-from quartet.quant import mx
+from quartet.quant import mx, quartet2
 from quartet.quant.formats import E2M1_MAX, floor_log2, fp8_quantize, int4_quantize, round_to_e2m1
 
 __all__ = [
     "QuantizerSpec",
     "QTensor",
     "QUANTIZER_KINDS",
+    "GROUPED_KINDS",
     "reference_quantize",
     "dge_derivative",
     "occ_clamp",
@@ -50,9 +52,18 @@ QUANTIZER_KINDS = {
     "ms_fp4": "MS-FP4 per-row absmax E2M1 (optional OCC / DGE)",
     "fp8": "FP8 current scaling (e4m3 / e5m2; per tensor or row)",
     "nvfp4": "NVFP4 (16-groups, E4M3 block scale, FP32 tensor scale)",
+    "nvfp4_4o6": "NVFP4 with Four Over Six block scales (RTN; amax to 6 or 4, the smaller error wins)",
+    "nvfp4_sr1617": "NVFP4 stochastic rounding with 16/17 scale headroom (never clips: unbiased)",
+    "ms_eden": "MS-EDEN NVFP4 (RTN elements, EDEN-corrected E4M3 scales rounded stochastically)",
+    "mxfp8": "MXFP8 (OCP MX: E4M3 elements, E8M0 scale per 32, RTN, saturating)",
     "int4": "symmetric absmax INT4",
     "luq": "LUQ log-FP4 (stochastic underflow + log SR)",
 }
+
+#: kinds that scale groups of ``group`` elements along the last dim (which must be a multiple of it)
+GROUPED_KINDS = frozenset({"quest", "absmax", "ocp", "nvfp4", "nvfp4_4o6", "nvfp4_sr1617", "ms_eden", "mxfp8"})
+#: kinds that draw random numbers whatever ``stochastic`` says
+_RANDOM_KINDS = frozenset({"luq", "nvfp4_sr1617", "ms_eden"})
 
 
 @dataclass(frozen=True)
@@ -84,7 +95,7 @@ class QuantizerSpec:
     def label(self) -> str:
         """Short human-readable description, e.g. ``quest/g32`` or ``absmax/g32/sr``."""
         parts = [self.kind]
-        if self.kind in ("quest", "absmax", "ocp", "nvfp4"):
+        if self.kind in GROUPED_KINDS:
             parts.append(f"g{self.group}")
         if self.kind == "fp8":
             parts += [self.fmt, self.scaling]
@@ -198,7 +209,7 @@ def reference_quantize(x: torch.Tensor, spec: QuantizerSpec, seed: int | None = 
     """
     x = x.float()
     kind = spec.kind
-    gen = _generator(seed, x.device) if spec.stochastic or kind == "luq" else None
+    gen = _generator(seed, x.device) if spec.stochastic or kind in _RANDOM_KINDS else None
     if kind == "quest":
         xq, mask = mx.quest_mxfp4(x, spec.group, spec.floor)
         return QTensor(values=xq, grad_factor=mask, data={"scale": mx.quest_scales(x, spec.group, spec.floor)})
@@ -215,6 +226,16 @@ def reference_quantize(x: torch.Tensor, spec: QuantizerSpec, seed: int | None = 
     if kind == "nvfp4":
         xq, block, ts = mx.nvfp4_quantize(x, spec.stochastic, gen, spec.group)
         return QTensor(values=xq, data={"scale": block * ts})
+    if kind in ("nvfp4_4o6", "nvfp4_sr1617", "ms_eden"):  # Quartet II's NVFP4 quantizers
+        if kind == "nvfp4_4o6":
+            xq, block, ts = quartet2.nvfp4_four_over_six(x, spec.group)
+        elif kind == "nvfp4_sr1617":
+            xq, block, ts = quartet2.nvfp4_sr_headroom(x, gen, spec.group)
+        else:
+            xq, block, ts = quartet2.ms_eden_quantize(x, gen, spec.group)
+        return QTensor(values=xq, data={"scale": block * ts})
+    if kind == "mxfp8":
+        return QTensor(values=mx.mxfp8_quantize(x, spec.group), data={"scale": mx.mxfp8_scales(x, spec.group)})
     if kind == "int4":
         xq, s = int4_quantize(x, spec.scaling, spec.stochastic, gen)
         return QTensor(values=xq, data={"scale": s})

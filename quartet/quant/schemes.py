@@ -30,7 +30,7 @@ import math
 from dataclasses import dataclass, field
 
 from quartet.errors import ConfigError
-from quartet.quant.quantizers import QuantizerSpec
+from quartet.quant.quantizers import GROUPED_KINDS, QuantizerSpec
 
 __all__ = ["GemmSpec", "Scheme", "SCHEMES", "build_scheme", "scheme_names"]
 
@@ -58,7 +58,7 @@ class GemmSpec:
         """The reduction length must be a multiple of this (Hadamard block, quantizer groups)."""
         m = self.block if self.transform != "none" else 1
         for spec in (self.a, self.b):
-            if spec is not None and spec.kind in ("quest", "absmax", "ocp", "nvfp4"):
+            if spec is not None and spec.kind in GROUPED_KINDS:
                 m = math.lcm(m, spec.group)
         return m
 
@@ -189,12 +189,27 @@ def build_scheme(cfg) -> Scheme:
                       "random Hadamard (16) on the weight-gradient GEMM; backward requantizes X, W",
                       GemmSpec(rtn, rtn), GemmSpec(sr, rtn), GemmSpec(sr, rtn, "random_hadamard", 16),
                       bwd_source="input")
+    if name == "quartet2":
+        fwd = QuantizerSpec("nvfp4_4o6", group=16)
+        bwd = QuantizerSpec("ms_eden", group=16)
+        return Scheme("quartet2", "nvfp4_4o6", "ms_eden",
+                      f"Quartet II (Panferov et al. 2026): NVFP4 forward with Four Over Six block scales (RTN); "
+                      f"backward GEMMs MS-EDEN NVFP4 (RTN elements, EDEN-corrected E4M3 scales rounded "
+                      f"stochastically) after a random-sign {block}-Hadamard, requantizing the forward X̂, Ŵ",
+                      GemmSpec(fwd, fwd), GemmSpec(bwd, bwd, "random_hadamard", block),
+                      GemmSpec(bwd, bwd, "random_hadamard", block), bwd_source="quantized")
+    if name == "mxfp8":
+        q = QuantizerSpec("mxfp8", group=32)
+        return Scheme("mxfp8", "mxfp8", "mxfp8",
+                      "MXFP8 (OCP MX): E4M3 elements with one E8M0 scale per 32 along every GEMM's reduction axis, "
+                      "RTN, all six operands; the backward requantizes X, W from high precision along their new axis",
+                      GemmSpec(q, q), GemmSpec(q, q), GemmSpec(q, q), bwd_source="input")
     raise ConfigError(f"precision.name={name!r}: unknown scheme; allowed: {', '.join(scheme_names())}")
 
 
 #: Registry of scheme names (each has a YAML in conf/precision/).
 SCHEMES = ("bf16", "fp8", "quartet", "quartet_sr", "quest_fwd", "sr_bwd", "rtn_bwd", "sr_fwd", "rtn_fwd",
-           "ms_fp4", "luq_int4", "nvfp4")
+           "ms_fp4", "luq_int4", "nvfp4", "quartet2", "mxfp8")
 
 
 def scheme_names() -> list[str]:

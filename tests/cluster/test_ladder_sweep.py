@@ -103,3 +103,25 @@ def test_lr_probe_sweep_and_its_rule(tmp_path: Path):
     (folder / "unfinished").mkdir()
     with pytest.raises(SystemExit, match="no summary.json"):
         probe.load_probe(folder)
+
+
+def test_ladder_takes_the_round_2_recipes_as_extra_precisions(tmp_path: Path):
+    """`sweep.axes.precision=[...,quartet2,mxfp8]` expands every ladder cell to the two new schemes too; each run
+    composes to its scheme (quartet2 with the paper's 128-Hadamard) under its own run id."""
+    from quartet.quant import build_scheme
+
+    extra = ["cluster.gpus=1", "sweep.axes.precision=[bf16,fp8,quartet,quartet2,mxfp8]"]
+    plan = make_plan("ladder_1gpu", None, extra, str(tmp_path), with_state=False)
+    grid = [r for r in plan.runs if r.cfg.run.seed == 0]
+    assert len(grid) == 15 * 5 and len(plan.runs) == 15 * 5 + 30
+    for name, fwd, bwd in (("quartet2", "nvfp4_4o6", "ms_eden"), ("mxfp8", "mxfp8", "mxfp8")):
+        runs = [r for r in grid if r.precision == name]
+        assert len(runs) == 15 and len({r.run_id for r in runs}) == 15
+        for r in runs:
+            p = r.cfg.precision
+            assert (p.name, p.forward, p.backward) == (name, fwd, bwd) and f"-{name}-" in r.run_id
+            assert build_scheme(p).name == name
+        assert {r.cfg.precision.hadamard_block for r in runs} == ({128} if name == "quartet2" else {32})
+    # the three original precisions keep their run ids: adding precisions does not rename finished runs
+    base = make_plan("ladder_1gpu", None, ["cluster.gpus=1"], str(tmp_path), with_state=False)
+    assert {r.run_id for r in base.runs} <= {r.run_id for r in plan.runs}

@@ -157,3 +157,21 @@ def test_e2m1_negative_zero_keeps_its_sign_bit():
     assert torch.equal(torch.signbit(back), torch.signbit(z)) and torch.equal(back, z)
     # round_to_e2m1 of a small negative value gives -0.0, which now encodes as 8
     assert F.e2m1_encode(F.round_to_e2m1(torch.tensor([-0.1]))).item() == 8
+
+
+def test_e4m3_stochastic_rounding_neighbours_and_mean():
+    """SR to E4M3 returns one of the two E4M3 neighbours, keeps grid values, saturates at 448 and is unbiased, in the
+    normal range and among the subnormals (spacing 2^-9 below 2^-6)."""
+    every = torch.arange(0, 127, dtype=torch.uint8).view(torch.float8_e4m3fn).float()  # all non-negative E4M3
+    g = torch.Generator().manual_seed(0)
+    assert torch.equal(F.round_to_e4m3_stochastic(every, g), every)
+    assert torch.equal(F.round_to_e4m3_stochastic(-every, g), -every)
+    v = torch.tensor([2.0 ** -12, 3 * 2.0 ** -10, 0.013, 1.03, 1.1, 100.0, 300.0, 447.0, 1e4, -5.3])
+    n = 20000
+    r = F.round_to_e4m3_stochastic(v.repeat(n, 1), g)
+    assert torch.equal(r, F.round_to_fp8(r, "e4m3"))  # every draw is an E4M3 value
+    lo = every[torch.searchsorted(every, v.abs().clamp(max=448), right=True) - 1]
+    hi = every[torch.searchsorted(every, v.abs().clamp(max=448))]
+    assert ((r.abs() == lo) | (r.abs() == hi)).all() and (r[:, 8] == 448).all() and (r[:, 9] < 0).all()
+    mean, se = r.mean(0)[:8], r.std(0)[:8] / n ** 0.5
+    assert ((mean - v[:8]).abs() < 4 * se).all()

@@ -22,7 +22,7 @@ def _cpu_gpu(fn, *args):
 
 def test_deterministic_quantizers_match_cpu():
     from quartet.quant import formats as F
-    from quartet.quant import mx
+    from quartet.quant import mx, quartet2
     from quartet.quant.hadamard import block_hadamard
 
     g = torch.Generator().manual_seed(0)
@@ -33,6 +33,8 @@ def test_deterministic_quantizers_match_cpu():
         "nvfp4": lambda t: mx.nvfp4_quantize(t)[0], "fp8": lambda t: F.fp8_quantize(t, "e4m3", "row")[0],
         "quest_e8m0": lambda t: F.e8m0_decode(F.e8m0_encode(mx.quest_scales(t))),
         "quest_after_hadamard": lambda t: mx.quest_mxfp4(block_hadamard(t, 32))[0],
+        "nvfp4_4o6": lambda t: quartet2.nvfp4_four_over_six(t)[0], "mxfp8": lambda t: mx.mxfp8_quantize(t),
+        "ms_eden_mean": lambda t: quartet2.ms_eden_quantize(t, stochastic=False)[0],
     }
     for name, fn in quantizers.items():
         c, d = _cpu_gpu(fn, x)
@@ -40,7 +42,7 @@ def test_deterministic_quantizers_match_cpu():
         # sigma / Hadamard use matmuls whose float rounding may differ across devices; on the
         # quantization grid almost every output is then still identical
         frac = float((c != d.cpu()).float().mean())
-        if "quest" in name:
+        if "quest" in name or name == "ms_eden_mean":  # (the EDEN correction is a float64 sum: order may differ)
             assert frac < 1e-3, (name, frac)
         else:  # no matmul inside: bitwise the CPU result
             assert frac == 0.0, (name, frac)
@@ -55,7 +57,7 @@ def test_quant_linear_runs_on_cuda_with_seeded_sr():
     from quartet.quant import apply_precision, collect_stats, set_step
     from quartet.quant.config import PrecisionConfig
 
-    for name in ("quartet", "quartet_sr", "fp8", "ms_fp4", "nvfp4", "luq_int4"):
+    for name in ("quartet", "quartet_sr", "fp8", "ms_fp4", "nvfp4", "luq_int4", "quartet2", "mxfp8"):
         grads = []
         for _ in range(2):
             torch.manual_seed(0)

@@ -191,7 +191,7 @@ def test_nvfp4_groups_and_scales():
     assert (xq - x).norm() / x.norm() < 0.15
 
 
-@pytest.mark.parametrize("kind", ["quest", "absmax", "ocp", "ms_fp4", "fp8", "nvfp4", "int4", "luq"])
+@pytest.mark.parametrize("kind", ["quest", "absmax", "ocp", "ms_fp4", "fp8", "nvfp4", "int4", "luq", "mxfp8"])
 def test_every_quantizer_kind_runs_and_is_close(kind):
     x = torch.randn(32, 128, generator=_gen(13))
     q = reference_quantize(x, QuantizerSpec(kind, group=16 if kind == "nvfp4" else 32), seed=1)
@@ -329,3 +329,63 @@ def test_quest_normal_inputs_unchanged():
     raw = mx.QUEST_SCALE_FACTOR * (msq - mean * mean).clamp_(min=0).sqrt_() + 1e-8
     assert torch.equal(mx.quest_scales(x, floor=False), raw)
     assert torch.equal(mx.quest_scales(x), torch.exp2(torch.frexp(raw).exponent.float() - 1))
+
+
+# --- MXFP8 (OCP MX: E4M3 elements, E8M0 scale per 32) --------------------------------------------------------------
+
+def _decode_mxfp8(codes, e8):
+    vals = codes.view(torch.float8_e4m3fn).float().reshape(*e8.shape, -1)
+    return (vals * e8m0_decode(e8).unsqueeze(-1)).reshape(codes.shape)
+
+
+def test_mxfp8_scale_rule_values_and_codes():
+    from quartet.quant.formats import round_to_fp8
+
+    x = torch.randn(16, 128, generator=_gen(30)) * torch.logspace(-20, 20, 16).unsqueeze(1)
+    s = mx.mxfp8_scales(x)
+    amax = x.reshape(16, 4, 32).abs().amax(-1)
+    assert torch.equal(s, torch.exp2(torch.floor(torch.log2(amax.double())) - 8).float())  # exact here
+    xq = mx.mxfp8_quantize(x)
+    y = x.reshape(16, 4, 32) / s.unsqueeze(-1)
+    assert y.abs().max() < 512 and torch.equal(xq, (round_to_fp8(y, "e4m3") * s.unsqueeze(-1)).reshape(16, 128))
+    # half a step: 2^-4 relative among normals (3 mantissa bits), 2^-10 among subnormals; (448, 512) saturates
+    err = (xq.reshape(16, 4, 32) / s.unsqueeze(-1) - y).abs()
+    sat = y.abs() > 448
+    assert (err[~sat] <= torch.maximum(y.abs()[~sat] * 2.0 ** -4, torch.tensor(2.0 ** -10))).all()
+    assert (err[sat] < 64).all() and (xq.reshape(16, 4, 32)[sat].abs() == 448 * s.unsqueeze(-1).expand_as(y)[sat]).all()
+    codes, e8 = mx.mxfp8_codes(xq, s)
+    assert torch.equal(_decode_mxfp8(codes, e8), xq) and torch.equal(e8m0_decode(e8), s)
+
+
+def test_mxfp8_edges_zeros_subnormals_powers_of_two_overflow_nan():
+    x = torch.zeros(8, 32)
+    # 0: all zeros -> scale 2^-8 (E8M0 code 119), values 0
+    # 1: just below a power of two: amax = 2^k(1-2^-24) has exponent k-1 (float32 log2 says k) -> scale 2^(k-9);
+    #    amax/s = 512(1-2^-24) saturates to 448
+    x[1, 0], x[1, 1] = 2.0 ** 10 * (1 - 2.0 ** -24), 3.0
+    # 2: amax < 2^-119: the exponent clamps to E8M0's -127 after the -8; y = 2^-13 flushes to 0 through E4M3's
+    #    subnormals (smallest 2^-9), y = 1.5·2^-9·... stays
+    x[2, 0], x[2, 1] = 2.0 ** -140, 1.5 * 2.0 ** -135
+    # 3: E4M3 subnormals inside a normal group: amax 1 -> s = 2^-8; 2^-17 -> y = 2^-9 (kept), 2^-19 -> 2^-11 (0)
+    x[3, 0], x[3, 1], x[3, 2] = 1.0, 2.0 ** -17, 2.0 ** -19
+    # 4: near float32's largest value: s = 2^119, values saturate at 448·2^119, finite
+    x[4, 0], x[4, 1] = 3e38, -1e38
+    # 5, 6: Inf / NaN -> NaN scale (code 255), the whole group NaN; 7: an ordinary group beside them
+    x[5, 3], x[6, 4] = float("inf"), float("nan")
+    x[7] = torch.linspace(-3, 3, 32)
+    s = mx.mxfp8_scales(x)
+    xq = mx.mxfp8_quantize(x)
+    assert s[[0, 1, 2, 3, 4, 7], 0].tolist() == [2.0 ** -8, 2.0 ** 1, 2.0 ** -127, 2.0 ** -8, 2.0 ** 119, 2.0 ** -7]
+    assert torch.isnan(s[5:7]).all() and torch.isnan(xq[5:7]).all() and torch.isfinite(xq[[0, 1, 2, 3, 4, 7]]).all()
+    assert (xq[0] == 0).all()
+    assert xq[1, 0].item() == 448 * 2.0 and xq[1, 1].item() == 3.0
+    assert xq[2, 0].item() == 0.0 and xq[2, 1].item() == 1.5 * 2.0 ** -135  # y = 1.5·2^-8: E4M3 subnormal 3·2^-9
+    assert xq[3, :3].tolist() == [1.0, 2.0 ** -17, 0.0]
+    assert xq[4, 0].item() == 448 * 2.0 ** 119
+    assert abs(xq[4, 1].item() + 1e38) / 1e38 < 2 ** -4
+    codes, e8 = mx.mxfp8_codes(xq, s)
+    assert e8[:, 0].tolist() == [119, 128, 0, 119, 246, 255, 255, 120]
+    assert (codes[5:7] == 0).all() and codes[1, 0].item() == 0x7E  # 448 = E4M3 0x7E
+    ok = [0, 1, 2, 3, 4, 7]
+    assert torch.equal(_decode_mxfp8(codes, e8)[ok], xq[ok])
+    assert torch.isnan(_decode_mxfp8(codes, e8)[5:7]).all()

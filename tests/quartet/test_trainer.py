@@ -51,7 +51,7 @@ def test_run_writes_contract_files_and_loss_falls(tiny_cfg):
     assert again["val_loss"] == summary["val_loss"] and len(rows(d)) == len(rows(d))
 
 
-@pytest.mark.parametrize("precision", ["bf16", "quartet"])
+@pytest.mark.parametrize("precision", ["bf16", "quartet", "quartet2"])  # quartet2: MS-EDEN's scale draws resume too
 def test_resume_equals_uninterrupted_run_exactly(tiny_cfg, tmp_path, precision):
     over = ["optim.micro_batch_size=4", "logging.val_every=4", "logging.val_batches=2", f"precision={precision}"]
     full_cfg = tiny_cfg(*over)
