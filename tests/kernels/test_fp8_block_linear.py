@@ -1,0 +1,151 @@
+"""The block-wise FP8 tensor-core layer of ``fp8_deepseek`` against the CPU oracle (quartet.quant).
+
+On a GPU the GEMMs run on ``F.scaled_mm``'s BlockWise1x128 / BlockWise128x128 recipes (the lead runs this file on
+an H100: ``.venv/bin/python -m pytest -q -n 0 tests/kernels/test_fp8_block_linear.py``). Without one, PyTorch's CPU
+build has no block-wise ``scaled_mm``: the layer's calls go to an emulator that first hands the very same tensors
+(shapes and strides) to PyTorch's own meta implementation of ``F.scaled_mm`` — which checks the scale layouts
+cuBLAS needs — and then multiplies the dequantized operands in float32.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from quartet.kernels import fp8_block_linear as B
+from quartet.kernels.backends import make_backend
+from quartet.kernels.linear import IMPL_FP8_BLOCK, fused_covers, fused_quant_linear
+from quartet.quant import build_scheme
+from quartet.quant.backend import ReferenceBackend
+from quartet.quant.blockwise import fp8_blockwise_quantize
+from quartet.quant.config import PrecisionConfig
+from quartet.quant.linear import QuantLinear
+from quartet.quant.quantizers import QuantizerSpec
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+DS = build_scheme(PrecisionConfig(name="fp8_deepseek"))
+_REAL_SCALED_MM = F.scaled_mm
+
+
+def _meta(t: torch.Tensor) -> torch.Tensor:
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+
+
+def _emulated_scaled_mm(a, b, scale_a, recipe_a, scale_b, recipe_b, output_dtype=None, **kw):
+    """``F.scaled_mm`` for the two block-wise recipe pairs: PyTorch's meta checks, then a float32 product."""
+    out = _REAL_SCALED_MM(_meta(a), _meta(b), _meta(scale_a), recipe_a, _meta(scale_b), recipe_b,
+                          output_dtype=output_dtype)
+    M, K = a.shape
+    N = b.shape[1]
+    kb = -(-K // 128)
+    sa = scale_a.repeat_interleave(128, 1)[:, :K]
+    if recipe_b == F.ScalingType.BlockWise128x128:
+        sb = scale_b[:kb].repeat_interleave(128, 0).repeat_interleave(128, 1)[:K, :N]
+    else:  # BlockWise1x128: (N, K/128)
+        sb = scale_b.t().repeat_interleave(128, 0)[:K]
+    y = (a.float() * sa) @ (b.float() * sb)
+    assert out.shape == y.shape
+    return y.to(output_dtype or torch.float32)
+
+
+@pytest.fixture(autouse=True)
+def _scaled_mm_on_cpu(monkeypatch):
+    if DEV == "cpu":
+        monkeypatch.setattr(F, "scaled_mm", _emulated_scaled_mm)
+
+
+def _cases():
+    g = torch.Generator().manual_seed(1)
+    edges = torch.tensor([448.0, -448.0, 0.0, -0.0, 2.0**-9, 3 * 2.0**-10, 1.0625, 17.0, 2.0**-20] * 32)
+    return [torch.randn(256, 384, generator=g) * torch.exp(2 * torch.randn(256, 384, generator=g)),
+            torch.randn(200, 300, generator=g) * 1e-3,
+            torch.zeros(128, 256),
+            edges.reshape(2, -1)]
+
+
+@pytest.mark.parametrize("rows", [1, 128])
+def test_codes_and_scales_equal_the_oracle_bitwise(rows):
+    for x in _cases():
+        codes, scale = B.quantize_fp8_blocks(x.to(DEV), rows)
+        ref, ref_scale = fp8_blockwise_quantize(x, rows, 128)
+        assert codes.dtype == torch.float8_e4m3fn
+        assert torch.equal(scale.cpu(), ref_scale)
+        assert torch.equal(B.dequantize_fp8_blocks(codes, scale, rows).cpu(), ref)
+
+
+def _reference_and_fast(T: int, K: int, N: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(T, K, generator=g)
+    w = torch.randn(N, K, generator=g) * 0.05
+    e = torch.randn(T, N, generator=g) * 1e-3
+    ref_layer = QuantLinear(torch.nn.Parameter(w.clone()), DS, ReferenceBackend())
+    xr = x.clone().requires_grad_(True)
+    yr = ref_layer(xr)
+    yr.backward(e)
+    fast = B.FP8BlockQuantLinear(torch.nn.Parameter(w.clone().to(DEV)), DS, ReferenceBackend())
+    xf = x.clone().to(DEV).requires_grad_(True)
+    yf = fast(xf)
+    yf.backward(e.to(DEV))
+    return (yr, xr.grad, ref_layer.weight.grad), (yf.cpu(), xf.grad.cpu(), fast.weight.grad.cpu())
+
+
+@pytest.mark.parametrize("T", [256, 200])  # 200: tokens zero-padded to a multiple of 128 inside
+def test_layer_matches_the_oracle_layer(T):
+    ref, fast = _reference_and_fast(T, 256, 384, seed=T)
+    for name, a, b in zip(("y", "dx", "dw"), ref, fast):
+        assert a.shape == b.shape, name
+        rel = float((a - b).detach().norm() / a.detach().norm())
+        # the same FP8 operands on both sides (bitwise, test above); only the GEMM's float32 accumulation order
+        # differs (on the GPU: block-wise scaled tensor-core GEMMs)
+        assert rel < (2e-4 if DEV == "cuda" else 1e-6), (name, rel)
+
+
+def test_fused_hook_installs_the_block_layer_only_where_it_applies(monkeypatch):
+    hopper = make_backend("hopper_fp8")
+    w = torch.nn.Parameter(torch.randn(384, 256))
+    assert fused_covers(DS, "hopper_fp8") and not fused_covers(DS, "triton")
+    layer = fused_quant_linear(w, DS, hopper, name="l", layer_index=0, seed=0)
+    assert isinstance(layer, B.FP8BlockQuantLinear) and layer.weight is w
+    assert fused_quant_linear(torch.nn.Parameter(torch.randn(96, 64)), DS, hopper) is None  # not multiples of 128
+    assert not B.covers(build_scheme(PrecisionConfig(name="fp8")))
+    monkeypatch.setattr(hopper, "supports_device", lambda device: True)
+    for spec in DS.specs():
+        assert hopper.unsupported_reason(spec, torch.device("cuda")) is None
+    e5 = QuantizerSpec("fp8", fmt="e5m2", scaling="block", group=128)
+    assert "DeepSeek" in hopper.unsupported_reason(e5, torch.device("cuda"))
+    assert IMPL_FP8_BLOCK.startswith("FP8BlockQuantLinear")
+
+
+def test_statistics_steps_take_the_seam_path_with_the_same_quantizers():
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(128, 256).to(DEV) * 0.05)
+    layer = B.FP8BlockQuantLinear(w, DS, make_backend("hopper_fp8"), stats_every=2)
+    x = torch.randn(64, 256).to(DEV)
+    layer.set_step(2)
+    y_stats = layer(x)
+    stats = layer.pop_stats()
+    assert set(stats) == {"x", "w"} and stats["x"]["rel_err"] > 0
+    layer.set_step(3)
+    y_fast = layer(x)
+    assert layer.pop_stats() == {}
+    assert float((y_stats - y_fast).detach().norm() / y_stats.detach().norm()) < (2e-4 if DEV == "cuda" else 1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_apply_precision_runs_fp8_deepseek_on_tensor_cores_on_hopper():
+    from quartet.kernels.gemm import hopper_available
+    from quartet.model import Llama
+    from quartet.quant import apply_precision
+
+    if not hopper_available():
+        pytest.skip("needs an FP8 GPU")
+    torch.manual_seed(0)
+    model = Llama(2, 128, 2, 512, 64, device="cuda")
+    plan = apply_precision(model, PrecisionConfig(name="fp8_deepseek"), seed=0)
+    assert plan.backend == "hopper_fp8" and plan.implementation == IMPL_FP8_BLOCK
+    idx = torch.randint(0, 512, (4, 64), device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = model(idx, idx)
+    loss.backward()
+    assert torch.isfinite(loss) and all(p.grad is not None for p in model.parameters())
