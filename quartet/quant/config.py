@@ -19,7 +19,7 @@ from quartet.errors import ConfigError
 @dataclass
 class PrecisionConfig:
     #: scheme name in the registry (bf16, fp8, quartet, quartet_sr, quest_fwd, sr_bwd, rtn_bwd, sr_fwd,
-    #: rtn_fwd, ms_fp4, luq_int4, nvfp4)
+    #: rtn_fwd, ms_fp4, luq_int4, nvfp4, nvfp4_recipe, fp8_deepseek)
     name: str = "bf16"
     #: short label of the forward-GEMM precision, used by the analysis (bf16, quest, fp8, ...)
     forward: str = "bf16"

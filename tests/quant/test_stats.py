@@ -43,3 +43,12 @@ def test_cli_json_and_table(capsys):
     out = capsys.readouterr().out  # captured: not a terminal, so the table gets room instead of cut names
     assert "quest_nofloor" in out and "…" not in out
     assert cli_main(["--only", "nope"]) == 2
+
+
+def test_round_2_quantizers_are_listed_with_their_gaussian_mse():
+    """quant-stats reports the tile-scaled quantizers of nvfp4_recipe and fp8_deepseek: a 16x16 NVFP4 tile (one
+    scale per 256 values) costs more than 1x16 groups, a 1x128 FP8 tile less than a 128x128 block."""
+    rows = {r["name"]: r for r in gaussian_stats(["nvfp4", "nvfp4_2d", "fp8_1x128", "fp8_128x128"],
+                                                 samples=1 << 18, scales=4, seed=0)}
+    assert rows["nvfp4"]["mse"] * 1.2 < rows["nvfp4_2d"]["mse"] < rows["nvfp4"]["mse"] * 1.6
+    assert rows["fp8_1x128"]["mse"] < rows["fp8_128x128"]["mse"] < 1e-3
