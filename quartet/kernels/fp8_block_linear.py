@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from quartet.kernels.fp8_linear import token_padded
 from quartet.quant.blockwise import fp8_blockwise_codes
 from quartet.quant.linear import QuantLinear
 
@@ -127,21 +128,11 @@ def covers(scheme) -> bool:
 
 def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """The fp8_deepseek linear on ``x`` of any leading shape (tokens zero-padded to a multiple of 128)."""
-    dev = x.device.type
-    if out_dtype is None:
-        out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
     out_features, in_features = weight.shape
     if not covers_shape(in_features, out_features):
         raise ValueError(f"fp8_block_linear needs in/out features that are multiples of {BLOCK}, got "
                          f"{in_features}x{out_features}")
-    shape = x.shape
-    x2 = x.reshape(-1, in_features)
-    T = x2.shape[0]
-    pad = -T % BLOCK
-    if pad:
-        x2 = F.pad(x2, (0, 0, 0, pad))
-    y = FP8BlockLinearFn.apply(x2, weight, out_dtype)
-    return y[:T].reshape(*shape[:-1], out_features)
+    return token_padded(FP8BlockLinearFn.apply, x, weight, BLOCK, out_dtype)
 
 
 class FP8BlockQuantLinear(QuantLinear):

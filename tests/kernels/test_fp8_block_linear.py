@@ -16,10 +16,8 @@ from quartet.kernels import fp8_block_linear as B
 from quartet.kernels.backends import make_backend
 from quartet.kernels.linear import IMPL_FP8_BLOCK, fused_covers, fused_quant_linear
 from quartet.quant import build_scheme
-from quartet.quant.backend import ReferenceBackend
 from quartet.quant.blockwise import fp8_blockwise_quantize
 from quartet.quant.config import PrecisionConfig
-from quartet.quant.linear import QuantLinear
 from quartet.quant.quantizers import QuantizerSpec
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -73,31 +71,12 @@ def test_codes_and_scales_equal_the_oracle_bitwise(rows):
         assert torch.equal(B.dequantize_fp8_blocks(codes, scale, rows).cpu(), ref)
 
 
-def _reference_and_fast(T: int, K: int, N: int, seed: int):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(T, K, generator=g)
-    w = torch.randn(N, K, generator=g) * 0.05
-    e = torch.randn(T, N, generator=g) * 1e-3
-    ref_layer = QuantLinear(torch.nn.Parameter(w.clone()), DS, ReferenceBackend())
-    xr = x.clone().requires_grad_(True)
-    yr = ref_layer(xr)
-    yr.backward(e)
-    fast = B.FP8BlockQuantLinear(torch.nn.Parameter(w.clone().to(DEV)), DS, ReferenceBackend())
-    xf = x.clone().to(DEV).requires_grad_(True)
-    yf = fast(xf)
-    yf.backward(e.to(DEV))
-    return (yr, xr.grad, ref_layer.weight.grad), (yf.cpu(), xf.grad.cpu(), fast.weight.grad.cpu())
-
-
 @pytest.mark.parametrize("T", [256, 200])  # 200: tokens zero-padded to a multiple of 128 inside
-def test_layer_matches_the_oracle_layer(T):
-    ref, fast = _reference_and_fast(T, 256, 384, seed=T)
-    for name, a, b in zip(("y", "dx", "dw"), ref, fast):
-        assert a.shape == b.shape, name
-        rel = float((a - b).detach().norm() / a.detach().norm())
-        # the same FP8 operands on both sides (bitwise, test above); only the GEMM's float32 accumulation order
-        # differs (on the GPU: block-wise scaled tensor-core GEMMs)
-        assert rel < (2e-4 if DEV == "cuda" else 1e-6), (name, rel)
+def test_layer_matches_the_oracle_layer(T, layer_checks):
+    # the same FP8 operands on both sides (bitwise, test above); only the GEMM's float32 accumulation order
+    # differs (on the GPU: block-wise scaled tensor-core GEMMs)
+    layer_checks.assert_matches_oracle(DS, B.FP8BlockQuantLinear, T, 256, 384, seed=T,
+                                       tol=2e-4 if DEV == "cuda" else 1e-6)
 
 
 def test_fused_hook_installs_the_block_layer_only_where_it_applies(monkeypatch):
@@ -116,36 +95,12 @@ def test_fused_hook_installs_the_block_layer_only_where_it_applies(monkeypatch):
     assert IMPL_FP8_BLOCK.startswith("FP8BlockQuantLinear")
 
 
-def test_statistics_steps_take_the_seam_path_with_the_same_quantizers():
-    torch.manual_seed(0)
-    w = torch.nn.Parameter(torch.randn(128, 256).to(DEV) * 0.05)
-    layer = B.FP8BlockQuantLinear(w, DS, make_backend("hopper_fp8"), stats_every=2)
-    x = torch.randn(64, 256).to(DEV)
-    layer.set_step(2)
-    y_stats = layer(x)
-    stats = layer.pop_stats()
-    assert set(stats) == {"x", "w"} and stats["x"]["rel_err"] > 0
-    layer.set_step(3)
-    y_fast = layer(x)
-    assert layer.pop_stats() == {}
-    assert float((y_stats - y_fast).detach().norm() / y_stats.detach().norm()) < (2e-4 if DEV == "cuda" else 1e-6)
+def test_statistics_steps_take_the_seam_path_with_the_same_quantizers(layer_checks):
+    layer_checks.assert_stats_steps_take_the_seam_path(DS, B.FP8BlockQuantLinear, 128, 256, 64,
+                                                       tol=2e-4 if DEV == "cuda" else 1e-6)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_apply_precision_runs_fp8_deepseek_on_tensor_cores_on_hopper():
-    from quartet.kernels.gemm import hopper_available
-    from quartet.model import Llama
-    from quartet.quant import apply_precision
-
-    if not hopper_available():
-        pytest.skip("needs an FP8 GPU")
-    torch.manual_seed(0)
-    model = Llama(2, 128, 2, 512, 64, device="cuda")
-    plan = apply_precision(model, PrecisionConfig(name="fp8_deepseek"), seed=0)
-    assert plan.backend == "hopper_fp8" and plan.implementation == IMPL_FP8_BLOCK
-    idx = torch.randint(0, 512, (4, 64), device="cuda")
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        loss = model(idx, idx)
-    loss.backward()
-    assert torch.isfinite(loss) and all(p.grad is not None for p in model.parameters())
+def test_apply_precision_runs_fp8_deepseek_on_tensor_cores_on_hopper(layer_checks):
+    layer_checks.assert_model_trains_on_hopper("fp8_deepseek", IMPL_FP8_BLOCK)
