@@ -24,9 +24,9 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from quartet.errors import ConfigError
-from quartet.model import ffn_hidden
+from quartet.model import block_linear_names, ffn_hidden
 from quartet.paths import CONF_DIR
-from quartet.quant.config import PrecisionConfig
+from quartet.quant.config import PrecisionConfig, keep_bf16_matches
 
 # --------------------------------------------------------------------------------------------
 # Schemas (one dataclass per config group)
@@ -482,6 +482,9 @@ def resolve(cfg: DictConfig, world_size: int = 1) -> ResolvedRun:
     _require(m.d_model % m.n_head == 0, f"model.n_head={m.n_head}: must divide model.d_model={m.d_model}")
     _require((m.d_model // m.n_head) % 2 == 0, f"model.n_head={m.n_head}: head dim d_model/n_head must be even (RoPE)")
     _require(float(m.nominal_params) > 0, f"model.nominal_params={m.nominal_params}: must be > 0")
+    # keep_bf16 patterns must name block linears of this model: checked here so a sweep fails before it submits
+    keep_bf16_matches(block_linear_names(int(m.n_layer)), cfg.precision.get("keep_bf16") or (),
+                      lambda prefix: int(m.n_layer) if prefix == "blocks" else None)
 
     n_params = count_non_embedding_params(m.n_layer, m.d_model, m.ffn_multiple_of)
     vocab = int(d.vocab_size)

@@ -48,6 +48,8 @@ def semantic_config(cfg: DictConfig) -> dict:
     c = OmegaConf.to_container(cfg, resolve=True)
     model = {k: v for k, v in c["model"].items() if k not in ("lr", "batch_size")}
     precision = {k: v for k, v in c["precision"].items() if k not in _PRECISION_NON_SEMANTIC}
+    if not precision.get("keep_bf16"):  # newer than the run-id scheme: part of the identity only when set
+        precision.pop("keep_bf16", None)
     optim = {k: v for k, v in c["optim"].items() if k not in ("name", "lr", "batch_size", "micro_batch_size")}
     optim.update(lr=res.lr, batch_size=res.batch_size)
     data = {k: c["data"].get(k) for k in FORMAT1_IDENTITY_KEYS}

@@ -6,7 +6,9 @@
 ``blackwell_mxfp4``  fused quantizers writing packed E2M1/E8M0 + native MXFP4 ``scaled_mm`` (sm_100+)
 
 They handle the MX kinds ``quest``, ``absmax`` (RTN/SR) and ``ocp`` with 32-groups and an optional
-32-Hadamard; any other quantizer makes ``unsupported_reason`` answer, so ``auto`` skips them and a
+32-Hadamard; ``hopper_fp8`` also runs the ``fp8`` scheme (tensor scaling) and ``fp8_deepseek`` (E4M3 in 1×128 /
+128×128 blocks) on its FP8 layers (:mod:`quartet.kernels.fp8_linear`, :mod:`quartet.kernels.fp8_block_linear`);
+any other quantizer makes ``unsupported_reason`` answer, so ``auto`` skips them and a
 backend named in the config fails at start-up. ``auto`` prefers blackwell > hopper > triton > reference.
 """
 from __future__ import annotations
@@ -122,13 +124,17 @@ def _make_classes():
             return {"deq": True, "out_dtype": torch.float32, "fp8": "e4m3"}
 
         def unsupported_reason(self, spec, device):
-            # The fp8 scheme (tensor-wise current scaling) runs as FP8QuantLinear on the tensor cores;
-            # its statistics steps quantize operand by operand through the oracle (below).
+            # The fp8 scheme (tensor-wise current scaling) runs as FP8QuantLinear on the tensor cores, fp8_deepseek
+            # (E4M3 in 1x128 / 128x128 blocks) as FP8BlockQuantLinear; their statistics steps (and layers whose
+            # features are not multiples of 128) quantize operand by operand through the oracle (below).
             if spec.kind == "fp8":
                 if not self.supports_device(device):
                     return f"backend {self.name!r} needs an FP8 GPU (sm_89/sm_90+) with triton (device {device})"
-                return None if spec.scaling == "tensor" else (
-                    f"backend {self.name!r} runs FP8 with tensor scaling only, not {spec.label()}")
+                block = (spec.scaling == "block" and spec.fmt == "e4m3" and spec.group == 128
+                         and spec.tile_rows in (1, 128))
+                return None if spec.scaling == "tensor" or block else (
+                    f"backend {self.name!r} runs FP8 with tensor scaling or DeepSeek's E4M3 1x128/128x128 blocks, "
+                    f"not {spec.label()}")
             return super().unsupported_reason(spec, device)
 
         def quantize(self, x, spec, *, block=None, signs=None, seed=None, stats=False):

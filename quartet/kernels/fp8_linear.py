@@ -78,28 +78,31 @@ class FP8LinearFn(torch.autograd.Function):
         return gx, gw, None
 
 
-def fp8_linear(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """The fp8 scheme's linear on ``x`` of any leading shape (tokens padded to a multiple of 16).
-
-    ``out_dtype`` defaults to the autocast dtype when autocast is on, else ``x.dtype``.
-    """
+def token_padded(fn, x: torch.Tensor, weight: torch.Tensor, multiple: int,
+                 out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``fn(x2d, weight, out_dtype)`` on ``x`` of any leading shape flattened to (tokens, in), the tokens zero-padded
+    to a multiple of ``multiple`` (zero rows change neither a scale nor a sum) and sliced off the output.
+    ``out_dtype`` defaults to the autocast dtype when autocast is on, else ``x.dtype``."""
     dev = x.device.type
     if out_dtype is None:
         out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+    shape = x.shape
+    x2 = x.reshape(-1, weight.shape[1])
+    T = x2.shape[0]
+    pad = -T % multiple
+    if pad:
+        x2 = torch.nn.functional.pad(x2, (0, 0, 0, pad))
+    y = fn(x2, weight, out_dtype)
+    return y[:T].reshape(*shape[:-1], weight.shape[0])
+
+
+def fp8_linear(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The fp8 scheme's linear on ``x`` of any leading shape (tokens padded to a multiple of 16)."""
     out_features, in_features = weight.shape
     if not covers_shape(in_features, out_features):
         raise ValueError(f"fp8_linear needs in/out features that are multiples of {MULTIPLE}, got "
                          f"{in_features}x{out_features}")
-    shape = x.shape
-    x2 = x.reshape(-1, in_features)
-    T = x2.shape[0]
-    pad = -T % MULTIPLE
-    if pad:
-        x2 = torch.nn.functional.pad(x2, (0, 0, 0, pad))
-    y = FP8LinearFn.apply(x2, weight, out_dtype)
-    if pad:
-        y = y[:T]
-    return y.reshape(*shape[:-1], out_features)
+    return token_padded(FP8LinearFn.apply, x, weight, MULTIPLE, out_dtype)
 
 
 def covers_shape(in_features: int, out_features: int) -> bool:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from quartet.kernels import fp8_linear
+from quartet.kernels import fp8_block_linear, fp8_linear
 from quartet.kernels import gemm as G
 from quartet.kernels.triton_quant import (absmax_dual_fp8, masked_inverse_hadamard, mx_quantize, prepare_device,
                                          signs_to_bits)
@@ -502,21 +502,26 @@ IMPL_SEAM = "QuantLinear, operand by operand (quartet.quant.linear)"
 
 #: how the quant plan names the FP8 tensor-core layer of the fp8 scheme
 IMPL_FP8 = "FP8QuantLinear, E4M3/E5M2 tensor-wise on FP8 tensor cores (quartet.kernels.fp8_linear)"
+IMPL_FP8_BLOCK = ("FP8BlockQuantLinear, E4M3 1x128/128x128 block-wise on FP8 tensor cores "
+                  "(quartet.kernels.fp8_block_linear)")
 
 
 def fused_covers(scheme, backend_name: str) -> bool:
     """Whether a fused layer implements ``scheme`` (a :class:`~quartet.quant.schemes.Scheme`) on ``backend_name``:
     the fused Quartet layer (``quartet``/``quartet_sr``, Hadamard block 32, any kernel engine) or the FP8
-    tensor-core layer (``fp8`` with tensor scaling, on ``hopper_fp8``; layer shapes are checked per layer)."""
+    tensor-core layer (``fp8`` with tensor scaling, on ``hopper_fp8``; layer shapes are checked per layer) or the
+    block-wise FP8 layer (``fp8_deepseek`` on ``hopper_fp8``)."""
     if scheme.name == "fp8":
         return backend_name == "hopper_fp8" and fp8_linear.covers(scheme)
+    if scheme.name == "fp8_deepseek":
+        return backend_name == "hopper_fp8" and fp8_block_linear.covers(scheme)
     return (scheme.name in FUSED_SCHEMES and backend_name in ENGINES
             and all(g.block == 32 for g in (scheme.fwd, scheme.dx, scheme.dw)))
 
 
 def fused_implementation(scheme) -> str:
     """The quant plan's name of the fused layer that runs ``scheme``."""
-    return IMPL_FP8 if scheme.name == "fp8" else IMPL_FUSED
+    return {"fp8": IMPL_FP8, "fp8_deepseek": IMPL_FP8_BLOCK}.get(scheme.name, IMPL_FUSED)
 
 
 def fused_quant_linear(weight: torch.nn.Parameter, scheme, backend, **kw) -> QuantLinear | None:
@@ -529,6 +534,10 @@ def fused_quant_linear(weight: torch.nn.Parameter, scheme, backend, **kw) -> Qua
         if not fp8_linear.covers_shape(weight.shape[1], weight.shape[0]):
             return None
         return fp8_linear.FP8QuantLinear(weight, scheme, backend, **kw)
+    if scheme.name == "fp8_deepseek":
+        if not fp8_block_linear.covers_shape(weight.shape[1], weight.shape[0]):
+            return None
+        return fp8_block_linear.FP8BlockQuantLinear(weight, scheme, backend, **kw)
     return FusedQuantLinear(weight, scheme, backend, stochastic=FUSED_SCHEMES[scheme.name], **kw)
 
 

@@ -20,6 +20,7 @@ from torch import nn
 
 from quartet.errors import ConfigError
 from quartet.quant.backend import BACKEND_NAMES, get_backend
+from quartet.quant.config import keep_bf16_matches
 from quartet.quant.linear import QuantLinear
 from quartet.quant.schemes import SCHEMES, Scheme, build_scheme, scheme_names
 
@@ -43,6 +44,8 @@ class QuantPlan:
     modules: dict[str, dict] = field(default_factory=dict)
     #: modules with weights that stay high precision (embeddings, lm_head, unconverted linears)
     high_precision: list[str] = field(default_factory=list)
+    #: block linears that ``precision.keep_bf16`` keeps high precision -> the pattern that matched
+    keep_bf16: dict[str, str] = field(default_factory=dict)
     #: the layer class that runs the converted modules' GEMMs (fused kernel layer or operand-by-operand QuantLinear)
     implementation: str = "none"
     #: whether the fused Quartet layers run as registered operators that torch.compile traces (draws on the device)
@@ -61,6 +64,7 @@ class QuantPlan:
             "seed": self.seed,
             "modules": self.modules,
             "high_precision": self.high_precision,
+            "keep_bf16": self.keep_bf16,
         }
 
     def summary(self) -> str:
@@ -75,6 +79,9 @@ class QuantPlan:
                 lines.append(f"    {gemm}: " + ", ".join(f"{k}={v}" for k, v in ops.items()))
         else:
             lines.append("  no module converted")
+        if self.keep_bf16:
+            pats = sorted(set(self.keep_bf16.values()))
+            lines.append(f"  keep_bf16 {', '.join(pats)}: {len(self.keep_bf16)} block linears left unquantized")
         lines.append(f"  high precision: {', '.join(self.high_precision) or '(none)'}")
         return "\n".join(lines)
 
@@ -100,6 +107,8 @@ def apply_precision(model: nn.Module, precision_cfg, *, seed: int | None = None,
     seed) enters every random Hadamard sign and stochastic-rounding seed; None takes
     ``torch.initial_seed()``, i.e. the seed of the caller's last ``torch.manual_seed(run.seed)``.
     ``targets`` overrides the module types to convert (default: ``quartet.model.BlockLinear``). ``bf16`` converts nothing.
+    ``precision_cfg.keep_bf16`` (module-name globs) leaves the block linears it matches unconverted under any scheme;
+    the others keep the layer index (and so the random draws) they have without it.
     ``traceable=True`` (for a model that will be compiled) runs the fused Quartet layers as registered operators
     that ``torch.compile`` traces and CUDA graphs capture, their random draws fed from the device per micro-batch
     (call :func:`begin_micro_batch` before each one); the numbers are those of the eager layer. Convert the model
@@ -124,6 +133,8 @@ def apply_precision(model: nn.Module, precision_cfg, *, seed: int | None = None,
     found = [(n, m) for n, m in model.named_modules() if isinstance(m, targets)]
     weighted = [n for n, m in model.named_modules()
                 if isinstance(m, (nn.Linear, nn.Embedding)) and not isinstance(m, targets)]
+    plan.keep_bf16 = keep_bf16_matches([n for n, _ in found], getattr(precision_cfg, "keep_bf16", None) or (),
+                                       lambda prefix: _list_length(model, prefix))
     if not scheme.convert:
         plan.backend, plan.backend_detail = "none", "PyTorch (unconverted model)"
         plan.high_precision = [n for n, _ in found] + weighted
@@ -138,6 +149,8 @@ def apply_precision(model: nn.Module, precision_cfg, *, seed: int | None = None,
     seam = "QuantLinear, operand by operand (quartet.quant.linear)"
     fused_factory, fused_name = backend.fused_layer(scheme) or (None, seam)
     for index, (name, mod) in enumerate(found):
+        if name in plan.keep_bf16:
+            continue
         if getattr(mod, "bias", None) is not None:
             raise ConfigError(f"apply_precision: {name} has a bias; block linears must be bias-free")
         kw = dict(name=name, layer_index=index, seed=seed, stats_every=stats_every,
@@ -153,11 +166,20 @@ def apply_precision(model: nn.Module, precision_cfg, *, seed: int | None = None,
                               "operands": operands, "backend": backend.name, "implementation": impl}
     impls = sorted({m["implementation"] for m in plan.modules.values()})
     plan.implementation = impls[0] if len(impls) == 1 else " + ".join(impls) if impls else seam
-    plan.high_precision = weighted
+    plan.high_precision = list(plan.keep_bf16) + weighted
     if traceable and fused_factory is not None:
         plan.traceable = backend.bind_device_draws(model, device)
         _upload_draws(model)
     return plan
+
+
+def _list_length(model: nn.Module, prefix: str) -> int | None:
+    """Length of the module list at ``prefix`` (for negative indices in ``keep_bf16``), None if it is not one."""
+    try:
+        mod = model.get_submodule(prefix)
+    except AttributeError:
+        return None
+    return len(mod) if isinstance(mod, (nn.ModuleList, nn.Sequential)) else None
 
 
 def _quant_layers(model: nn.Module):

@@ -3,17 +3,23 @@
 Every YAML in ``conf/precision/`` is validated against :class:`PrecisionConfig` at compose time
 (a typo'd key or a wrong type fails before anything runs); the scheme name and the knob values are
 checked by :func:`quartet.quant.schemes.build_scheme` when the model is converted.
-Imports only the standard library.
+:func:`keep_bf16_matches` resolves the ``keep_bf16`` module-name patterns (the per-module precision map).
+Imports only the standard library (and the project's error type).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import fnmatch
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from quartet.errors import ConfigError
 
 
 @dataclass
 class PrecisionConfig:
     #: scheme name in the registry (bf16, fp8, quartet, quartet_sr, quest_fwd, sr_bwd, rtn_bwd, sr_fwd,
-    #: rtn_fwd, ms_fp4, luq_int4, nvfp4, quartet2, mxfp8)
+    #: rtn_fwd, ms_fp4, luq_int4, nvfp4, quartet2, mxfp8, nvfp4_recipe, fp8_deepseek)
     name: str = "bf16"
     #: short label of the forward-GEMM precision, used by the analysis (bf16, quest, fp8, ...)
     forward: str = "bf16"
@@ -33,3 +39,47 @@ class PrecisionConfig:
     #: MS-FP4 differentiable gradient estimator sharpness k and derivative cap
     dge_k: float = 5.0
     dge_cap: float = 3.0
+    #: block linears kept in BF16 under any scheme: module-name globs (``blocks.-1.*`` = every linear of the last
+    #: block; a negative index counts from the end of its list; a pattern naming a module covers its children).
+    #: Part of the run's identity when non-empty; a pattern that matches no block linear is an error.
+    keep_bf16: list[str] = field(default_factory=list)
+
+
+_NEG_INDEX = re.compile(r"-\d+")
+
+
+def _absolute(pattern: str, list_length: Callable[[str], int | None]) -> str:
+    """``pattern`` with every negative index segment (``blocks.-2``) replaced by its absolute index."""
+    parts = pattern.split(".")
+    for i, seg in enumerate(parts):
+        if _NEG_INDEX.fullmatch(seg):
+            prefix = ".".join(parts[:i])
+            n = list_length(prefix) if prefix and not any(c in prefix for c in "*?[") else None
+            if n is None:
+                raise ConfigError(f"precision.keep_bf16: {pattern!r}: a negative index needs a module list before it "
+                                  f"(e.g. blocks.-1.*)")
+            k = n + int(seg)
+            if k < 0:
+                raise ConfigError(f"precision.keep_bf16: {pattern!r}: {prefix} has only {n} entries")
+            parts[i] = str(k)
+    return ".".join(parts)
+
+
+def keep_bf16_matches(names: Iterable[str], patterns: Iterable[str],
+                      list_length: Callable[[str], int | None]) -> dict[str, str]:
+    """Which of the block-linear ``names`` the ``keep_bf16`` patterns keep high precision → {name: pattern}.
+
+    ``list_length(prefix)`` is the length of the module list at ``prefix`` (None if it is not one), for negative
+    indices. Raises :class:`ConfigError` naming the first pattern that matches no name."""
+    names = list(names)
+    kept: dict[str, str] = {}
+    for pattern in patterns:
+        pattern = str(pattern)
+        absolute = _absolute(pattern, list_length)
+        hits = [n for n in names if fnmatch.fnmatchcase(n, absolute) or fnmatch.fnmatchcase(n, absolute + ".*")]
+        if not hits:
+            example = ", ".join(names[:2]) or "(none)"
+            raise ConfigError(f"precision.keep_bf16: {pattern!r} matches no block linear (names look like {example})")
+        for n in hits:
+            kept.setdefault(n, pattern)
+    return kept

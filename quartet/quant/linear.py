@@ -172,6 +172,15 @@ class QuantLinear(nn.Linear):
         """Random Hadamard signs shared by both operands of one GEMM of one micro-batch."""
         return hadamard_signs(self.seed, self.step, self.layer_index, call, gemm, block, device)
 
+    def gemm_signs(self, g: GemmSpec, call: int, gemm: str, device: torch.device) -> torch.Tensor | None:
+        """The Hadamard signs of one GEMM under its transform: re-drawn per call (``random_hadamard``), one
+        vector for the whole run (``seeded_hadamard``: the draw of step 0, layer 0, call 0), else None."""
+        if g.transform == "random_hadamard":
+            return self.signs(call, gemm, g.block, device)
+        if g.transform == "seeded_hadamard":
+            return hadamard_signs(self.seed, 0, 0, 0, gemm, g.block, device)
+        return None
+
     # -- statistics -----------------------------------------------------------------------------
     def record(self, operand: str, stats: dict[str, float] | None) -> None:
         if stats:
@@ -225,7 +234,7 @@ def _run_gemm(layer: QuantLinear, be: Backend, g: GemmSpec, gemm: str, a: torch.
     mult = g.multiple()
     a, b = _pad_last(a, mult), _pad_last(b, mult)
     block = g.block if g.transform != "none" else None
-    signs = layer.signs(call, gemm, g.block, a.device) if g.transform == "random_hadamard" else None
+    signs = layer.gemm_signs(g, call, gemm, a.device)
     qa = _operand(layer, be, g, g.a, a, block, signs, call, slots[0])
     qb = _operand(layer, be, g, g.b, b, block, signs, call, slots[1])
     return be.gemm(qa, qb)
@@ -248,7 +257,7 @@ class _QuantLinearFn(torch.autograd.Function):
             mult = f.multiple()
             xp, wp = _pad_last(x2, mult), _pad_last(weight.float(), mult)
             block = f.block if f.transform != "none" else None
-            signs = layer.signs(call, "fwd", f.block, x.device) if f.transform == "random_hadamard" else None
+            signs = layer.gemm_signs(f, call, "fwd", x.device)
             qx = _operand(layer, be, f, f.a, xp, block, signs, call, "x")
             qw = _operand(layer, be, f, f.b, wp, block, signs, call, "w")
             y = be.gemm(qx, qw) if f.quantized else be.matmul(qx.values, qw.values)

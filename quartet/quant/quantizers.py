@@ -18,6 +18,8 @@ Maths of the quantizers that do not live in :mod:`quartet.quant.mx` (MX / NVFP4 
   stochastically (to ±α with probability |x|/α, else 0); values between two powers of two round
   up with probability (|x| − lo)/lo. Both steps are unbiased.
 * INT4 forward of the LUQ baseline: symmetric absmax per row, levels −7…7, round to nearest.
+* Tile-scaled kinds (``tile_rows > 1`` for ``nvfp4``, ``scaling="block"`` for ``fp8``): one scale per
+  ``tile_rows × group`` tile of the operand matrix — :mod:`quartet.quant.blockwise`.
 
 A :class:`QuantizerSpec` is a frozen, printable description; :func:`reference_quantize` runs it.
 """
@@ -29,6 +31,7 @@ from typing import Any
 import torch
 
 from quartet.quant import mx, quartet2
+from quartet.quant.blockwise import fp8_blockwise_quantize, nvfp4_quantize_2d
 from quartet.quant.formats import E2M1_MAX, floor_log2, fp8_quantize, int4_quantize, round_to_e2m1
 
 __all__ = [
@@ -50,7 +53,7 @@ QUANTIZER_KINDS = {
     "absmax": "absmax×3/4 MXFP4 (no clipping; RTN or SR)",
     "ocp": "OCP MX absmax MXFP4 (RTN, saturating)",
     "ms_fp4": "MS-FP4 per-row absmax E2M1 (optional OCC / DGE)",
-    "fp8": "FP8 current scaling (e4m3 / e5m2; per tensor or row)",
+    "fp8": "FP8 current scaling (e4m3 / e5m2; per tensor, row, or 1x128 / 128x128 block)",
     "nvfp4": "NVFP4 (16-groups, E4M3 block scale, FP32 tensor scale)",
     "nvfp4_4o6": "NVFP4 with Four Over Six block scales (RTN; amax to 6 or 4, the smaller error wins)",
     "nvfp4_sr1617": "NVFP4 stochastic rounding with 16/17 scale headroom (never clips: unbiased)",
@@ -77,8 +80,11 @@ class QuantizerSpec:
     group: int = 32
     #: fp8 element format: e4m3 | e5m2
     fmt: str = "e4m3"
-    #: fp8 / int4 scale granularity: tensor | row
+    #: fp8 / int4 scale granularity: tensor | row (| block: fp8 only, one scale per tile_rows × group tile)
     scaling: str = "tensor"
+    #: rows per scale tile (1 = 1-D groups along the reduction axis); nvfp4: 16 (16×16 tiles, NVIDIA's weight
+    #: rule); fp8 with scaling=block: 1 (1×128 activation/gradient tiles) or 128 (128×128 weight blocks)
+    tile_rows: int = 1
     #: QuEST: floor the scale to a power of two (E8M0). False only for analysis.
     floor: bool = True
     #: MS-FP4 OCC quantile (0 = off)
@@ -91,14 +97,17 @@ class QuantizerSpec:
     def __post_init__(self):
         if self.kind not in QUANTIZER_KINDS:
             raise ValueError(f"quantizer kind must be one of {sorted(QUANTIZER_KINDS)}, got {self.kind!r}")
+        if self.tile_rows > 1 and self.kind == "nvfp4" and (self.tile_rows != self.group or self.stochastic):
+            raise ValueError(f"2-D NVFP4 (a weight rule) takes square tiles and round-to-nearest, got "
+                             f"{self.tile_rows}x{self.group}{' with SR' if self.stochastic else ''}")
 
     def label(self) -> str:
         """Short human-readable description, e.g. ``quest/g32`` or ``absmax/g32/sr``."""
         parts = [self.kind]
         if self.kind in GROUPED_KINDS:
-            parts.append(f"g{self.group}")
+            parts.append(f"g{self.group}" if self.tile_rows == 1 else f"{self.tile_rows}x{self.group}")
         if self.kind == "fp8":
-            parts += [self.fmt, self.scaling]
+            parts += [self.fmt, self.scaling if self.scaling != "block" else f"{self.tile_rows}x{self.group}"]
         if self.kind == "int4":
             parts.append(self.scaling)
         if self.kind == "quest" and not self.floor:
@@ -220,9 +229,15 @@ def reference_quantize(x: torch.Tensor, spec: QuantizerSpec, seed: int | None = 
         return QTensor(values=mx.rtn_absmax_mxfp4(x, spec.group), data={"scale": mx.absmax_scales(x, spec.group)})
     if kind == "ms_fp4":
         return ms_fp4_quantize(x, spec.clip_quantile, spec.dge_k, spec.dge_cap)
+    if kind == "fp8" and spec.scaling == "block":
+        xq, s = fp8_blockwise_quantize(x, spec.tile_rows, spec.group, spec.fmt)
+        return QTensor(values=xq, data={"scale": s})
     if kind == "fp8":
         xq, s = fp8_quantize(x, spec.fmt, spec.scaling)
         return QTensor(values=xq, data={"scale": s})
+    if kind == "nvfp4" and spec.tile_rows > 1:
+        xq, block, ts = nvfp4_quantize_2d(x, spec.group)
+        return QTensor(values=xq, data={"scale": block * ts})
     if kind == "nvfp4":
         xq, block, ts = mx.nvfp4_quantize(x, spec.stochastic, gen, spec.group)
         return QTensor(values=xq, data={"scale": block * ts})

@@ -12,8 +12,10 @@ dW = Eᵀ·X  Eᵀ           Xᵀ (from X̂ or X)  M  = tokens
 =========  ===========  ================  =====================================
 
 A :class:`GemmSpec` gives the quantizer of ``a`` and ``b`` (``None`` = high precision) and the
-rotation applied to both along the reduction axis: ``none``, ``hadamard`` (fixed block Hadamard)
-or ``random_hadamard`` (fresh random signs per layer, step and micro-batch, signs before H). Because
+rotation applied to both along the reduction axis: ``none``, ``hadamard`` (fixed block Hadamard),
+``random_hadamard`` (fresh random signs per layer, step and micro-batch, signs before H) or
+``seeded_hadamard`` (one random sign vector per run, shared by every layer and step — NVIDIA's NVFP4
+recipe fixes its sign vector for the whole training). Because
 both operands get the same orthogonal rotation, the product is unchanged up to quantization error.
 
 The forward rotation defines the basis the layer "lives in": the backward GEMMs produce gradients
@@ -34,7 +36,7 @@ from quartet.quant.quantizers import GROUPED_KINDS, QuantizerSpec
 
 __all__ = ["GemmSpec", "Scheme", "SCHEMES", "build_scheme", "scheme_names"]
 
-TRANSFORMS = ("none", "hadamard", "random_hadamard")
+TRANSFORMS = ("none", "hadamard", "random_hadamard", "seeded_hadamard")
 
 
 @dataclass(frozen=True)
@@ -92,13 +94,19 @@ class Scheme:
 
     def operand_map(self) -> dict:
         """Operand -> quantizer label / "high precision", as written to quant_map.json."""
-        hp = "high precision"
         f, dx, dw = self.fwd.describe(), self.dx.describe(), self.dw.describe()
+
+        def source(operand: str, fwd_label: str) -> str:
+            # an unquantized backward operand is the forward's quantized one (reused as is) or the input
+            if self.bwd_source == "quantized" and fwd_label != "high precision":
+                return f"{fwd_label} (forward {operand}̂ reused)"
+            return f"high precision ({self.bwd_source} {operand})"
+
         return {
             "forward": {"X": f["a"], "W": f["b"], "transform": f["transform"]},
-            "grad_input": {"E": dx["a"], "W^T": dx["b"] if self.dx.b else f"{hp} ({self.bwd_source} W)",
+            "grad_input": {"E": dx["a"], "W^T": dx["b"] if self.dx.b else source("W", f["b"]),
                            "transform": dx["transform"]},
-            "grad_weight": {"E^T": dw["a"], "X^T": dw["b"] if self.dw.b else f"{hp} ({self.bwd_source} X)",
+            "grad_weight": {"E^T": dw["a"], "X^T": dw["b"] if self.dw.b else source("X", f["a"]),
                             "transform": dw["transform"]},
         }
 
@@ -204,12 +212,50 @@ def build_scheme(cfg) -> Scheme:
                       "MXFP8 (OCP MX): E4M3 elements with one E8M0 scale per 32 along every GEMM's reduction axis, "
                       "RTN, all six operands; the backward requantizes X, W from high precision along their new axis",
                       GemmSpec(q, q), GemmSpec(q, q), GemmSpec(q, q), bwd_source="input")
+    if name == "nvfp4_recipe":
+        return _nvfp4_recipe()
+    if name == "fp8_deepseek":
+        return _fp8_deepseek()
     raise ConfigError(f"precision.name={name!r}: unknown scheme; allowed: {', '.join(scheme_names())}")
+
+
+def _nvfp4_recipe() -> Scheme:
+    """NVIDIA's NVFP4 pre-training recipe (arXiv 2509.25149 §4): 1×16 NVFP4 for activations and gradients,
+    16×16 2-D tiles for weights, round to nearest except stochastic rounding of the gradients, and a 16-point
+    random Hadamard (one sign vector for the run) on both inputs of the weight-gradient GEMM only.
+
+    The backward re-quantizes the high-precision W and X (``bwd_source="input"``): the 2-D weight rule is
+    transpose-symmetric, so Q(Wᵀ) in the input-gradient GEMM is bitwise the forward's Ŵᵀ, while Xᵀ is quantized
+    afresh along the token axis (after the Hadamard), as the paper does. Layers kept in BF16 are chosen by
+    ``precision.keep_bf16`` (conf/precision/nvfp4_recipe.yaml)."""
+    act = QuantizerSpec("nvfp4", group=16)
+    grad = QuantizerSpec("nvfp4", group=16, stochastic=True)
+    weight = QuantizerSpec("nvfp4", group=16, tile_rows=16)
+    return Scheme("nvfp4_recipe", "nvfp4_2d", "nvfp4_sr_rht",
+                  "NVIDIA NVFP4 recipe: 1x16 NVFP4 X (RTN), 16x16 2-D NVFP4 W (RTN, W^T reuses it), SR gradients, "
+                  "16-point random Hadamard (fixed signs) on the weight-gradient GEMM inputs",
+                  GemmSpec(act, weight), GemmSpec(grad, weight), GemmSpec(grad, act, "seeded_hadamard", 16),
+                  bwd_source="input")
+
+
+def _fp8_deepseek() -> Scheme:
+    """DeepSeek-V3 FP8 (arXiv 2412.19437 §3.3): E4M3 everywhere, one scale per 1×128 tile of activations and
+    gradients (along each GEMM's reduction axis) and per 128×128 block of weights, no rotation.
+
+    The backward multiplies the forward's FP8 tensors (``bwd_source="quantized"``, as DeepSeek caches them):
+    the input-gradient GEMM reuses Ŵ transposed (a 128×128 block stays a block), the weight-gradient GEMM
+    re-tiles X̂ into 1×128 tiles along the token axis; the gradient E is quantized along each GEMM's own axis."""
+    act = QuantizerSpec("fp8", fmt="e4m3", scaling="block", group=128, tile_rows=1)
+    weight = QuantizerSpec("fp8", fmt="e4m3", scaling="block", group=128, tile_rows=128)
+    return Scheme("fp8_deepseek", "fp8_block", "fp8_block",
+                  "DeepSeek-V3 FP8: E4M3 with 1x128 tile scales (activations, gradients) and 128x128 block scales "
+                  "(weights); backward on the forward's FP8 W (reused) and X (re-tiled along tokens)",
+                  GemmSpec(act, weight), GemmSpec(act, None), GemmSpec(act, act), bwd_source="quantized")
 
 
 #: Registry of scheme names (each has a YAML in conf/precision/).
 SCHEMES = ("bf16", "fp8", "quartet", "quartet_sr", "quest_fwd", "sr_bwd", "rtn_bwd", "sr_fwd", "rtn_fwd",
-           "ms_fp4", "luq_int4", "nvfp4", "quartet2", "mxfp8")
+           "ms_fp4", "luq_int4", "nvfp4", "quartet2", "mxfp8", "nvfp4_recipe", "fp8_deepseek")
 
 
 def scheme_names() -> list[str]:

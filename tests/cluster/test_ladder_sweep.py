@@ -125,3 +125,17 @@ def test_ladder_takes_the_round_2_recipes_as_extra_precisions(tmp_path: Path):
     # the three original precisions keep their run ids: adding precisions does not rename finished runs
     base = make_plan("ladder_1gpu", None, ["cluster.gpus=1"], str(tmp_path), with_state=False)
     assert {r.run_id for r in base.runs} <= {r.run_id for r in plan.runs}
+
+
+def test_ladder_accepts_the_round_2_recipes_as_extra_precisions():
+    """nvfp4_recipe and fp8_deepseek join the ladder's precision axis: every run resolves (keep_bf16 checked against
+    each size), gets its own id, and the recipe's default BF16 layers travel with its runs."""
+    plan = make_plan("ladder_1gpu", None, ["cluster.gpus=1", "sweep.axes.precision=[bf16,nvfp4_recipe,fp8_deepseek]"],
+                     "/nonexistent-runs-dir", with_state=False)
+    precs = {r.cfg.precision.name for r in plan.runs}
+    assert precs >= {"bf16", "nvfp4_recipe", "fp8_deepseek"}  # (+ the seed replicates' include list)
+    assert sum(r.cfg.precision.name == "nvfp4_recipe" for r in plan.runs) == 15
+    assert len({r.run_id for r in plan.runs}) == len(plan.runs)
+    for r in plan.runs:
+        assert list(r.cfg.precision.keep_bf16) == (["blocks.-1.*"] if r.cfg.precision.name == "nvfp4_recipe" else [])
+        assert f"-{r.cfg.precision.name}-" in r.run_id

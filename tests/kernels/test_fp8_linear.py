@@ -8,10 +8,8 @@ from quartet.kernels import fp8_linear as F8
 from quartet.kernels.backends import make_backend
 from quartet.kernels.linear import IMPL_FP8, fused_covers, fused_quant_linear
 from quartet.quant import build_scheme
-from quartet.quant.backend import ReferenceBackend
 from quartet.quant.config import PrecisionConfig
 from quartet.quant.formats import fp8_quantize
-from quartet.quant.linear import QuantLinear
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 FP8 = build_scheme(PrecisionConfig(name="fp8", forward="fp8", backward="fp8"))
@@ -48,31 +46,11 @@ def test_non_finite_input_propagates_instead_of_hiding():
     assert not torch.isfinite(codes.float() * scale).all()
 
 
-def _reference_and_fast(T: int, K: int, N: int, seed: int):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(T, K, generator=g)
-    w = torch.randn(N, K, generator=g) * 0.05
-    e = torch.randn(T, N, generator=g) * 1e-3
-    ref_layer = QuantLinear(torch.nn.Parameter(w.clone()), FP8, ReferenceBackend())
-    xr = x.clone().requires_grad_(True)
-    yr = ref_layer(xr)
-    yr.backward(e)
-    fast = F8.FP8QuantLinear(torch.nn.Parameter(w.clone().to(DEV)), FP8, ReferenceBackend())
-    xf = x.clone().to(DEV).requires_grad_(True)
-    yf = fast(xf)
-    yf.backward(e.to(DEV))
-    return (yr, xr.grad, ref_layer.weight.grad), (yf.cpu(), xf.grad.cpu(), fast.weight.grad.cpu())
-
-
 @pytest.mark.parametrize("T", [64, 50])  # 50: tokens padded to a multiple of 16 inside
-def test_layer_matches_the_oracle_layer(T):
-    ref, fast = _reference_and_fast(T, 64, 96, seed=T)
-    for name, a, b in zip(("y", "dx", "dw"), ref, fast):
-        assert a.shape == b.shape, name
-        rel = float((a - b).detach().norm() / a.detach().norm())
-        # same FP8 operands on both sides; only the GEMM's accumulation differs (Hopper's FP8 tensor cores
-        # accumulate with fewer bits than float32: ~8e-5 measured on an H100; float32 on the CPU)
-        assert rel < (2e-4 if DEV == "cuda" else 1e-5), (name, rel)
+def test_layer_matches_the_oracle_layer(T, layer_checks):
+    # same FP8 operands on both sides; only the GEMM's accumulation differs (Hopper's FP8 tensor cores
+    # accumulate with fewer bits than float32: ~8e-5 measured on an H100; float32 on the CPU)
+    layer_checks.assert_matches_oracle(FP8, F8.FP8QuantLinear, T, 64, 96, seed=T, tol=2e-4 if DEV == "cuda" else 1e-5)
 
 
 def test_fused_hook_installs_the_fp8_layer_only_where_it_applies():
@@ -88,36 +66,11 @@ def test_fused_hook_installs_the_fp8_layer_only_where_it_applies():
     assert IMPL_FP8.startswith("FP8QuantLinear")
 
 
-def test_statistics_steps_take_the_seam_path_with_the_same_quantizers():
-    torch.manual_seed(0)
-    w = torch.nn.Parameter(torch.randn(32, 64) * 0.05)
-    layer = F8.FP8QuantLinear(w, FP8, make_backend("hopper_fp8"), stats_every=2)
-    x = torch.randn(48, 64)
-    layer.set_step(2)
-    y_stats = layer(x)
-    stats = layer.pop_stats()
-    assert set(stats) == {"x", "w"} and stats["x"]["rel_err"] > 0
-    layer.set_step(3)
-    y_fast = layer(x)
-    assert layer.pop_stats() == {}
-    assert float((y_stats - y_fast).norm() / y_stats.norm()) < 1e-5
+def test_statistics_steps_take_the_seam_path_with_the_same_quantizers(layer_checks):
+    layer_checks.assert_stats_steps_take_the_seam_path(FP8, F8.FP8QuantLinear, 32, 64, 48, tol=1e-5 if DEV == "cpu" else 2e-4)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_apply_precision_runs_fp8_on_tensor_cores_on_hopper():
-    from quartet.kernels.gemm import hopper_available
-    from quartet.model import Llama
-    from quartet.quant import apply_precision
-
-    if not hopper_available():
-        pytest.skip("needs an FP8 GPU")
-    torch.manual_seed(0)
-    model = Llama(2, 128, 2, 512, 64, device="cuda")
-    plan = apply_precision(model, PrecisionConfig(name="fp8", forward="fp8", backward="fp8"), seed=0)
-    assert plan.backend == "hopper_fp8" and plan.implementation == IMPL_FP8
-    idx = torch.randint(0, 512, (4, 64), device="cuda")
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        loss = model(idx, idx)
-    loss.backward()
-    assert torch.isfinite(loss) and all(p.grad is not None for p in model.parameters())
+def test_apply_precision_runs_fp8_on_tensor_cores_on_hopper(layer_checks):
+    layer_checks.assert_model_trains_on_hopper("fp8", IMPL_FP8)

@@ -22,6 +22,7 @@ LABELS = {
     "rtn_bwd": ("bf16", "rtn_absmax"), "sr_fwd": ("sr_absmax", "bf16"), "rtn_fwd": ("rtn_absmax", "bf16"),
     "ms_fp4": ("ms_fp4", "ms_fp4"), "luq_int4": ("luq-int4", "luq-int4"), "nvfp4": ("nvfp4", "nvfp4"),
     "quartet2": ("nvfp4_4o6", "ms_eden"), "mxfp8": ("mxfp8", "mxfp8"),
+    "nvfp4_recipe": ("nvfp4_2d", "nvfp4_sr_rht"), "fp8_deepseek": ("fp8_block", "fp8_block"),
 }
 
 
@@ -60,7 +61,10 @@ def test_scheme_trains_tiny_model(name, tmp_path):
     from quartet.runs import run_dir
     from quartet.train import train
 
-    cfg = compose([*TINY, f"precision={name}", "precision.stats_every=8", f"run.out_dir={tmp_path}"])
+    # the one-block nano model would keep everything in BF16 under nvfp4_recipe's default keep_bf16 (the last
+    # block): quantize all of it here; test_keep_bf16_trains_with_the_last_block_unquantized covers the default
+    cfg = compose([*TINY, f"precision={name}", "precision.stats_every=8", f"run.out_dir={tmp_path}",
+                   "precision.keep_bf16=[]"])
     summary = train(cfg)
     d = run_dir(cfg)
     losses = _losses(d)
@@ -118,3 +122,21 @@ def test_round2_schemes_on_the_reference_backend_track_the_true_gradient(name):
     cos = torch.nn.functional.cosine_similarity(a, ref, dim=0)
     assert cos > (0.995 if name == "mxfp8" else 0.95), cos  # 3 mantissa bits vs 1 (and unbiased noise)
     assert torch.equal(a, grads(cfg, step=2)) == (name == "mxfp8")
+
+
+def test_keep_bf16_trains_with_the_last_block_unquantized(tmp_path):
+    """nvfp4_recipe as its YAML ships it (keep_bf16: [blocks.-1.*]) on a two-block model: block 0 quantized,
+    block 1 left BF16, written to quant_map.json with the pattern that kept each module."""
+    from quartet.config import compose
+    from quartet.runs import run_dir
+    from quartet.train import train
+
+    cfg = compose([*TINY, "model=llama_micro", "budget.tokens=4096", "precision=nvfp4_recipe",
+                   f"run.out_dir={tmp_path}"])
+    train(cfg)
+    d = run_dir(cfg)
+    assert all(l == l and l < 1e3 for l in _losses(d))
+    qmap = json.loads((d / "quant_map.json").read_text())
+    assert sorted(qmap["modules"]) == sorted(f"blocks.0.{m}" for m in ("attn.qkv", "attn.proj", "mlp.w12", "mlp.c_proj"))
+    assert qmap["keep_bf16"] == {f"blocks.1.{m}": "blocks.-1.*" for m in ("attn.qkv", "attn.proj", "mlp.w12", "mlp.c_proj")}
+    assert set(qmap["high_precision"]) >= set(qmap["keep_bf16"]) | {"tok_emb", "lm_head"}

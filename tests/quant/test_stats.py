@@ -72,3 +72,12 @@ def test_four_over_six_and_mxfp8_rows(nvfp4_rows):
     # the nvfp4 scheme's SR maps the amax to 6: lower error than with headroom, but E4M3 rounding clips (biased)
     assert r["nvfp4_sr"]["mse"] < r["nvfp4_sr1617"]["mse"] and r["nvfp4_sr"]["misalignment"] > 1e-3
     assert 5e-4 < r["mxfp8"]["mse"] < 1.5e-3  # E4M3's 3 mantissa bits: ~(2^-3)^2/12 plus saturation
+
+
+def test_round_2_quantizers_are_listed_with_their_gaussian_mse():
+    """quant-stats reports the tile-scaled quantizers of nvfp4_recipe and fp8_deepseek: a 16x16 NVFP4 tile (one
+    scale per 256 values) costs more than 1x16 groups, a 1x128 FP8 tile less than a 128x128 block."""
+    rows = {r["name"]: r for r in gaussian_stats(["nvfp4", "nvfp4_2d", "fp8_1x128", "fp8_128x128"],
+                                                 samples=1 << 18, scales=4, seed=0)}
+    assert rows["nvfp4"]["mse"] * 1.2 < rows["nvfp4_2d"]["mse"] < rows["nvfp4"]["mse"] * 1.6
+    assert rows["fp8_1x128"]["mse"] < rows["fp8_128x128"]["mse"] < 1e-3

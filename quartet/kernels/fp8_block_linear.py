@@ -1,0 +1,150 @@
+"""DeepSeek-V3 FP8 on Hopper tensor cores: the ``fp8_deepseek`` scheme's three GEMMs through ``F.scaled_mm``'s
+block-wise recipes.
+
+The scheme (:func:`quartet.quant.schemes.build_scheme`, maths in :mod:`quartet.quant.blockwise`): E4M3 codes with
+one float32 scale per 1×128 tile of activations / gradients and per 128×128 block of weights. Writing
+``Q₁(T)`` for 1×128 tiles along T's last dim and ``Q₁₂₈(W)`` for 128×128 blocks:
+
+    forward   Y  = Q₁(X) · Q₁₂₈(W)ᵀ            BlockWise1x128 × BlockWise128x128   (reduces in_features)
+    input     dX = Q₁(E) · Ŵ                   BlockWise1x128 × BlockWise128x128   (reduces out_features; Ŵ reused)
+    weight    dW = Q₁(Eᵀ) · Q₁(X̂ᵀ)ᵀ            BlockWise1x128 × BlockWise1x128     (reduces tokens; X̂ re-tiled)
+
+The codes and scales are computed by the oracle's own functions (:func:`quartet.quant.blockwise.fp8_blockwise_codes`,
+plain float32 PyTorch: amax, ``amax·(1/448)``, a correctly rounded divide, the saturating FP8 cast), so on the GPU
+they are bitwise the oracle's; only the GEMMs differ, by the order of their float32 accumulation. The backward
+keeps the forward's FP8 codes (Ŵ for the input gradient — a 128×128 block transposes into a block — and X̂,
+re-quantized along the token axis for the weight gradient), as DeepSeek-V3 caches FP8 activations.
+
+cuBLAS wants every GEMM dimension tiled by 128 here: in/out features must be multiples of 128 (other layers stay
+on the operand-by-operand path) and tokens are zero-padded to 128 (zero rows change no tile maximum and no sum).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from quartet.kernels.fp8_linear import token_padded
+from quartet.quant.blockwise import fp8_blockwise_codes
+from quartet.quant.linear import QuantLinear
+
+E4M3 = torch.float8_e4m3fn
+#: block edge of the DeepSeek-V3 recipe (and of cuBLAS's block-wise FP8 scaling)
+BLOCK = 128
+
+
+def quantize_fp8_blocks(t: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(E4M3 codes (R, C), float32 scales (R/rows, C/128)) of a 2-D tensor with ``rows``×128 tiles (rows 1 or 128);
+    ``codes.float() * scale`` (broadcast over tiles) is the oracle's x̂ bitwise."""
+    codes, scale = fp8_blockwise_codes(t, rows, BLOCK, "e4m3")
+    return codes.to(E4M3), scale
+
+
+def dequantize_fp8_blocks(codes: torch.Tensor, scale: torch.Tensor, rows: int) -> torch.Tensor:
+    """x̂ = codes · scale as float32 (the oracle's multiplication, element for element)."""
+    full = scale.repeat_interleave(rows, 0).repeat_interleave(BLOCK, 1)[: codes.shape[0], : codes.shape[1]]
+    return codes.float() * full
+
+
+# Scale layouts: those PyTorch's meta registration of ``F.scaled_mm`` checks (torch/_meta_registrations.py, the
+# BlockWise1x128 / BlockWise128x128 cases): a 1×128 operand's scales (rows, K/128) with stride (1, rows); a
+# 128×128 second operand's (L4, N/128) with stride (1, L4), L4 = K/128 rounded up to a multiple of 4.
+def _left_scale(s: torch.Tensor) -> torch.Tensor:
+    """A 1×128 operand's (R, C/128) scales stored outer-dim-major (column-major), the layout cuBLAS reads."""
+    return s.t().contiguous().t()
+
+
+def _block_scale_of_mat2(s: torch.Tensor) -> torch.Tensor:
+    """A 128×128 right operand b (R, C) with block scales ``s`` (R/128, C/128) → the scale of ``b.T`` as
+    ``F.scaled_mm`` takes it: (C/128 padded to 4, R/128) with stride (1, padded) (as :mod:`quartet.kernels.gemm`'s
+    block-scaled GEMM passes it)."""
+    r, c = s.shape
+    buf = torch.ones(r, -(-c // 4) * 4, device=s.device, dtype=torch.float32)
+    buf[:, :c] = s
+    return buf.t()
+
+
+def _mm_1x128_128x128(a8, sa, b8, sb, out_dtype):
+    """``a @ b.T`` for a (M, K) with 1×128 scales ``sa`` and b (N, K) with 128×128 block scales ``sb``."""
+    return F.scaled_mm(a8, b8.t(), _left_scale(sa), F.ScalingType.BlockWise1x128,
+                       _block_scale_of_mat2(sb), F.ScalingType.BlockWise128x128, output_dtype=out_dtype)
+
+
+def _mm_1x128_1x128(a8, sa, b8, sb, out_dtype):
+    """``a @ b.T`` for a (M, K) and b (N, K), both with 1×128 scales along K (b's scales (N, K/128), outer-dim-major
+    like a's)."""
+    return F.scaled_mm(a8, b8.t(), _left_scale(sa), F.ScalingType.BlockWise1x128,
+                       _left_scale(sb), F.ScalingType.BlockWise1x128, output_dtype=out_dtype)
+
+
+class FP8BlockLinearFn(torch.autograd.Function):
+    """``Y = X̂ Ŵᵀ`` with the DeepSeek-V3 FP8 operands in all three GEMMs. ``x2d``: (T, in), T % 128 == 0."""
+
+    @staticmethod
+    def forward(ctx, x2d: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype):
+        with torch.autocast(device_type=x2d.device.type, enabled=False):
+            x8, sx = quantize_fp8_blocks(x2d.float(), 1)
+            w8, sw = quantize_fp8_blocks(weight.float(), BLOCK)
+            y = _mm_1x128_128x128(x8, sx, w8, sw, out_dtype)
+        ctx.save_for_backward(x8, sx, w8, sw)
+        ctx.x_dtype, ctx.w_dtype = x2d.dtype, weight.dtype
+        return y
+
+    @staticmethod
+    def backward(ctx, gy: torch.Tensor):
+        x8, sx, w8, sw = ctx.saved_tensors
+        gx = gw = None
+        with torch.autocast(device_type=gy.device.type, enabled=False):
+            e = gy.float()
+            if ctx.needs_input_grad[0]:
+                e8, se = quantize_fp8_blocks(e, 1)
+                # b = Ŵᵀ (in, out): the forward's codes transposed, each 128×128 block's scale with it
+                gx = _mm_1x128_128x128(e8, se, w8.t().contiguous(), sw.t(), torch.float32).to(ctx.x_dtype)
+            if ctx.needs_input_grad[1]:
+                et8, set_ = quantize_fp8_blocks(e.t().contiguous(), 1)
+                xhat_t = dequantize_fp8_blocks(x8, sx, 1).t().contiguous()
+                xt8, sxt = quantize_fp8_blocks(xhat_t, 1)
+                gw = _mm_1x128_1x128(et8, set_, xt8, sxt, torch.float32).to(ctx.w_dtype)
+        return gx, gw, None
+
+
+def covers_shape(in_features: int, out_features: int) -> bool:
+    """Whether a layer of this shape runs on the block-wise FP8 GEMMs (features multiples of 128)."""
+    return in_features % BLOCK == 0 and out_features % BLOCK == 0
+
+
+def covers(scheme) -> bool:
+    """Whether :class:`FP8BlockQuantLinear` implements ``scheme``: the ``fp8_deepseek`` operand set exactly."""
+    if scheme.name != "fp8_deepseek" or scheme.bwd_source != "quantized":
+        return False
+
+    def is_block(s, rows):
+        return (s is not None and s.kind == "fp8" and s.fmt == "e4m3" and s.scaling == "block" and s.group == BLOCK
+                and s.tile_rows == rows)
+
+    f, dx, dw = scheme.fwd, scheme.dx, scheme.dw
+    return (is_block(f.a, 1) and is_block(f.b, BLOCK) and is_block(dx.a, 1) and dx.b is None and is_block(dw.a, 1)
+            and is_block(dw.b, 1) and all(g.transform == "none" for g in (f, dx, dw)))
+
+
+def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The fp8_deepseek linear on ``x`` of any leading shape (tokens zero-padded to a multiple of 128)."""
+    out_features, in_features = weight.shape
+    if not covers_shape(in_features, out_features):
+        raise ValueError(f"fp8_block_linear needs in/out features that are multiples of {BLOCK}, got "
+                         f"{in_features}x{out_features}")
+    return token_padded(FP8BlockLinearFn.apply, x, weight, BLOCK, out_dtype)
+
+
+class FP8BlockQuantLinear(QuantLinear):
+    """The reference :class:`~quartet.quant.linear.QuantLinear` of ``fp8_deepseek`` with tensor-core GEMMs.
+
+    What ``apply_precision`` installs for ``fp8_deepseek`` on ``hopper_fp8`` where the layer's features are multiples
+    of 128. Steps that record statistics run the operand-by-operand seam path (same quantizers, float32 GEMMs)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.stats_enabled:
+            return super().forward(x)
+        return fp8_block_linear(x, self.weight)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + ", fp8_blockwise_tensor_cores=True"
