@@ -98,8 +98,11 @@ def round_to_e2m1(y: torch.Tensor, stochastic: bool = False, generator: torch.Ge
         # Every RTN threshold is a multiple of 1/4 and ties go down, so the result is constant on each
         # interval (k/4, (k+1)/4]: one table lookup at index ceil(4|y|) − 1 (exact, and ~2x faster on
         # CPU than comparisons against the thresholds).
-        idx = (a * 4.0).ceil_().sub_(1.0).clamp_(0.0, 23.0).to(torch.int64)
+        idx = (a * 4.0).ceil_().sub_(1.0).nan_to_num_(0.0).clamp_(0.0, 23.0).to(torch.int64)
         q = torch.take(_rtn_table(a.device), idx)
+        # NaN has no grid point: it stays NaN (the table index above only had to stay in range), so a diverging
+        # operand reaches the trainer's non-finite check instead of turning into numbers
+        q = torch.where(a.isnan(), a, q)
     else:
         # Spacing is 0.5 on [0, 2], 1 on [2, 4], 2 on [4, 6] (powers of two, so a/step is exact).
         # [a > 2], [a > 4] as exact 0/1 floats via a saturating clamp (any float above 2 or 4 differs

@@ -175,3 +175,22 @@ def test_e4m3_stochastic_rounding_neighbours_and_mean():
     assert ((r.abs() == lo) | (r.abs() == hi)).all() and (r[:, 8] == 448).all() and (r[:, 9] < 0).all()
     mean, se = r.mean(0)[:8], r.std(0)[:8] / n ** 0.5
     assert ((mean - v[:8]).abs() < 4 * se).all()
+
+
+def test_e2m1_rounding_keeps_nan_and_nvfp4_propagates_it():
+    """NaN has no E2M1 grid point: RTN and SR keep it NaN (RTN used to index its table with NaN -> IndexError), and
+    an NVFP4 operand holding a NaN comes out non-finite where it was, finite numbers elsewhere in its group kept."""
+    import torch
+
+    from quartet.quant.formats import round_to_e2m1
+    from quartet.quant.mx import nvfp4_quantize
+
+    y = torch.tensor([float("nan"), 0.3, -5.5, float("inf"), -float("inf")])
+    for sr in (False, True):
+        q = round_to_e2m1(y, stochastic=sr, generator=torch.Generator().manual_seed(0))
+        assert q[0].isnan() and q[3] == 6.0 and q[4] == -6.0
+        assert q[2] == -6.0 and (q[1] == 0.5 or (sr and q[1] == 0.0))
+    x = torch.randn(4, 32)
+    x[1, 3] = float("nan")
+    xq, _, _ = nvfp4_quantize(x)
+    assert xq[1, 3].isnan() and not torch.isfinite(xq).all()
