@@ -45,6 +45,9 @@ MAGNITUDE_LIMIT = 1e30
 DEAD_TERM_SHARE = 1e-3
 #: Bounds of the efficiencies (fitted as ln eff).
 EFF_BOUNDS = (1e-5, 4.0)
+#: An efficiency below this says the runs behave like a model (or a budget) over 20x smaller: the base law is
+#: evaluated far outside the range it was fitted on, so the number describes no measured cost.
+EFF_IMPLAUSIBLE = 0.05
 #: Status values of every fit result.
 STATUSES = ("converged", "hit_bound", "too_few_points", "failed")
 
@@ -423,6 +426,11 @@ def fit_efficiency(base: BaseFit | dict, n, d, loss, kind: str, *, scheme: str =
         status, msg = "hit_bound", f"an efficiency sits on its bound {EFF_BOUNDS}: the data do not constrain it"
     elif log_obs.size < k + 1:
         status, msg = "too_few_points", f"{log_obs.size} point(s) for {k} parameter(s): exactly determined, no check"
+    elif min(eff_n, eff_d) < EFF_IMPLAUSIBLE:
+        name, val = ("effN", eff_n) if eff_n <= eff_d else ("effD", eff_d)
+        status, msg = "hit_bound", (f"{name} = {val:.3g} is an implausible magnitude (< {EFF_IMPLAUSIBLE:g}): the runs "
+                                    f"behave like a {1 / val:.3g}x smaller {'model' if name == 'effN' else 'budget'}, "
+                                    f"where the base law was never fitted; the law does not describe this precision")
     else:
         status, msg = "converged", "ok"
     if isinstance(base, BaseFit) and base.status != "converged" and status == "converged":

@@ -244,7 +244,7 @@ def test_compute_optimal_at_half_percent_noise_on_a_ladder_grid_is_within_5pct_a
     """A ladder-shaped design (6 sizes over 32x in N, D/N 5-160, 36 runs), the planted paper law, 0.5% multiplicative
     noise, 20 fixed noise draws: the fitted N_opt(C) is within 5% of the planted one in the typical draw (median
     |error|), and its RMS error is within 1.3x the Cramér-Rao bound of the design — the estimator loses nothing to
-    its optimizer or start grid (the paper's near-L1 Huber δ costs ~10-20% against least squares). The bound itself
+    its optimizer or start grid (the paper's near-L1 Huber δ costs 20-25% against least squares). The bound itself
     is 4-5% here (13-18% on the paper's 5 x 5 grid), so *no* estimator of the full law puts every draw within 5% at
     this noise on a grid this size: single draws 12-17% off occur (seed 9); the bootstrap interval says so."""
     from analysis.speed import compute_optimal
