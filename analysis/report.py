@@ -327,7 +327,7 @@ def fit_all(df: pd.DataFrame, law: str = "busbridge", *, bootstrap: int = 0, see
     ``selections``: ``"auto"`` applies :data:`PAPER_SELECTIONS` to the bundled paper grid only,
     ``"paper"`` always, ``None`` never, or a dict (forward, backward) -> query string.
     ``at_n`` / ``at_ratio``: where the headline's break-even speedup is evaluated (default: the largest
-    base model at the median D/N of the base runs, rounded to 2 significant digits — 100 for the
+    base model at the median D/N of the base runs, rounded to 1 significant digit — 100 for the
     paper's grid — so the headline stays inside the data's budget range).
     ``exclude``: a pandas query over the runs' columns; matching runs are left out and listed among the
     dropped runs with the rule as the reason (outlier exclusion by a stated rule, never silently).

@@ -78,3 +78,15 @@ def test_unstable_methods_get_an_implausible_efficiency_flag(report):
         head = next(h for h in report.headlines if h["scheme"] == scheme)
         assert head["text"].startswith("NOT A FINDING (hit_bound")
     assert report.eff("luq-int4").status == "converged"  # effD 0.154: costly, but inside the law's reach
+
+
+def test_docs_quote_the_paper_headline_the_fit_prints(report):
+    """docs/analysis.md quotes `quartet fit --paper`'s headline (its D/N included): the fit must print exactly it."""
+    import re
+    from pathlib import Path
+
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "analysis.md").read_text()
+    quoted = re.search(r'\*"(quest:sr_absmax costs .*?)"\* \(from `quartet fit --paper`\)', docs, re.S)
+    assert quoted, "the headline example is gone from docs/analysis.md"
+    text = " ".join(quoted.group(1).split())
+    assert text in [h["text"] for h in report.headlines] and "D/N = 100)" in text
