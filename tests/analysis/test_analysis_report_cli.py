@@ -50,7 +50,7 @@ def test_json_schema_and_provenance(demo_report, tmp_path):
     assert json.loads((tmp_path / "fit.json").read_text()) == out
     assert out["schema_version"] == 1
     assert set(out["base"]["params"]) == {"A", "alpha", "B", "beta", "E", "gamma"}
-    assert out["base"]["status"] in ("converged", "hit_bound", "too_few_points", "failed")
+    assert out["base"]["status"] in ("converged", "hit_bound", "not_identified", "too_few_points", "failed")
     assert set(out["base"]["intervals"]) == set(out["base"]["params"])
     e = out["efficiencies"][0]
     for key in ("scheme", "forward", "backward", "kind", "eff_n", "eff_d", "eff_n_interval", "eff_d_interval",
