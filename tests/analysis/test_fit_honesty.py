@@ -339,3 +339,27 @@ def test_isoflop_slices_find_the_planted_compute_optimum():
     assert set(isoflop_slices(pd.DataFrame(one_side))["status"]) <= {"extrapolated", "no minimum"}
     n, d, loss = _grid(PAPER_PARAMS, np.array([3e7, 1e8, 4e8]), np.array([25, 100, 400]))
     assert isoflop_slices(pd.DataFrame({"n_params": n, "tokens": d, "loss": loss})).empty
+
+
+def test_intervals_reaching_bounds_flag_the_fit_and_its_efficiencies():
+    """The issue's case: quartet's effN interval [0.108, 4] reached its bound 4 and was called converged. An
+    efficiency interval touching EFF_BOUNDS, or an exponent interval leaving the plausible box, turns a converged
+    point estimate into hit_bound with the reason; converged efficiencies on a flagged base inherit its status."""
+    from analysis.fit import BaseFit, EffFit
+    from analysis.laws import params_to_raw
+    from analysis.report import _interval_checks
+
+    base = BaseFit("busbridge", dict(PAPER_PARAMS), tuple(params_to_raw(PAPER_PARAMS)), ("a", "alpha", "b", "beta",
+                   "e", "gamma"), 1e-6, 20, "converged", "ok")
+    quartet = EffFit("quartet", "quest", "rtn", "joint", 0.5, 0.9, 1e-6, 20, "converged", "ok")
+    fp8 = EffFit("fp8", "fp8", "fp8", "joint", 0.95, 1.0, 1e-6, 20, "converged", "ok")
+    tight = {"A": (1e5, 2e5), "alpha": (0.5, 0.7), "B": (4e5, 6e5), "beta": (0.5, 0.6), "E": (1.2, 1.5),
+             "gamma": (0.25, 0.3)}
+    effs = {"quartet": {"eff_n": (0.108, 4.0), "eff_d": (0.8, 1.0)}, "fp8": {"eff_n": (0.9, 1.0), "eff_d": (0.95, 1.05)}}
+    b, (q, f) = _interval_checks(base, [quartet, fp8], tight, effs, min_loss=2.5)
+    assert b.status == "converged" and f.status == "converged"
+    assert q.status == "hit_bound" and "eff_n reaches its bound" in q.message
+    b, (q, f) = _interval_checks(base, [quartet, fp8], {**tight, "alpha": (0.0004, 0.9)}, effs, min_loss=2.5)
+    assert b.status == "hit_bound" and "alpha's 95% bootstrap interval [0.0004, 0.9] leaves" in b.message
+    assert f.status == "hit_bound" and f.message.startswith("inherited from the base fit")
+    assert q.message.startswith("the 95% bootstrap interval of eff_n")  # its own reason comes first
