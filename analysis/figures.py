@@ -168,7 +168,8 @@ def plot_losses(report: FitReport, df: pd.DataFrame, out_dir: Path, max_panels: 
     for ax in axes.ravel()[len(panels):]:
         ax.set_visible(False)
     p = report.base.params
-    fig.suptitle(f"{report.base.law} fit: A={p['A']:.3g} α={p['alpha']:.3f} B={p['B']:.3g} β={p['beta']:.3f} "
+    flag = "" if report.base.status == "converged" else f" ({report.base.status}: not a finding)"
+    fig.suptitle(f"{report.base.law} fit{flag}: A={p['A']:.3g} α={p['alpha']:.3f} B={p['B']:.3g} β={p['beta']:.3f} "
                  f"E={p['E']:.3f} γ={p['gamma']:.3f}", fontsize=10)
     if left_out:  # named, not silently dropped (1-point fits, degenerate or surplus precisions)
         fig.text(0.01, -0.01, "not shown (one point, a degenerate fit or beyond the panels): " + ", ".join(left_out),
@@ -235,15 +236,37 @@ def plot_residuals(report: FitReport, df: pd.DataFrame, out_dir: Path) -> list[P
     colors = scheme_colors(report)
     shown = [(label, rows) for label, _, _, _, rows in scheme_groups(df, base_label, selections)
              if label in effs and np.isfinite(effs[label].eff_n) and not rows.empty]
+    resid = {label: 1e3 * (np.log(rows["loss"].to_numpy()) - np.log(predict(
+        report.base.params, rows["n_params"].to_numpy(), rows["tokens"].to_numpy(), effs[label].eff_n,
+        effs[label].eff_d))) for label, rows in shown}
+    # the axis is scaled to the unflagged fits (a degenerate fit's residuals, 100x larger, would flatten them all);
+    # flagged points beyond it sit on its edge as hollow triangles, and a note says so
+    good = np.concatenate([resid[label] for label, _ in shown if effs[label].status == "converged"] or [np.zeros(0)])
+    lim = 1.15 * max(np.abs(good).max(), 1e-3) if good.size else None
+    beyond = []
     for k, (label, rows) in enumerate(shown):
-        e = effs[label]
-        r = np.log(rows["loss"]) - np.log(predict(report.base.params, rows["n_params"].to_numpy(),
-                                                  rows["tokens"].to_numpy(), e.eff_n, e.eff_d))
-        shift = 1 + 0.03 * (k - (len(shown) - 1) / 2)
-        axes[1].scatter(rows["tokens"] * shift, r * 1e3, s=18, label=label, color=colors.get(label), edgecolors="k",
-                        linewidths=0.3)
+        e, r = effs[label], resid[label]
+        x = rows["tokens"].to_numpy() * (1 + 0.03 * (k - (len(shown) - 1) / 2))
+        flagged = e.status != "converged"
+        out = np.abs(r) > lim if lim is not None else np.zeros(r.size, bool)
+        axes[1].scatter(x[~out], r[~out], s=18, facecolors="none" if flagged else colors.get(label),
+                        edgecolors=colors.get(label) if flagged else "k", linewidths=0.9 if flagged else 0.3,
+                        label=label + (f" ({e.status})" if flagged else ""))
+        for sign, marker in ((1, "^"), (-1, "v")):
+            edge = out & (np.sign(r) == sign)
+            if edge.any():
+                axes[1].scatter(x[edge], np.full(edge.sum(), sign * lim), s=30, marker=marker, facecolors="none",
+                                edgecolors=colors.get(label), zorder=4)
+        if out.any():
+            beyond.append(f"{label} ({out.sum()}, to {np.abs(r).max():.3g})")
+    if lim is not None:
+        axes[1].set_ylim(-lim * 1.05, lim * 1.05)
+    if beyond:
+        axes[1].text(1.02, 0.0, "beyond the axis (hollow ▲/▼ on its edge):\n  " + "\n  ".join(beyond),
+                     transform=axes[1].transAxes, fontsize=7, color="0.3", va="bottom")
     plotted = len(shown)
-    axes[1].set_title("quantized precisions (with their effN / effD; drawn side by side along D)", fontsize=10)
+    axes[1].set_title("quantized precisions (with their effN / effD; side by side along D; hollow = flagged fit)",
+                      fontsize=10)
     if plotted:
         axes[1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the data, never on it
     else:  # say so rather than leave an empty (and unscalable) log axis
