@@ -91,7 +91,10 @@ def extrapolation_note(n_fit: float, n_top: float) -> str:
     """What a title says about the N range it draws: where the law was fitted and, beyond 10x that, how far
     the figure extrapolates."""
     note = f"; law fitted up to N = {_fmt_n(n_fit)}"
-    return note + (f", extrapolated {n_top / n_fit:.3g}x beyond it" if n_top > 10 * n_fit else "")
+    factor = n_top / n_fit
+    if factor <= 10:
+        return note
+    return note + f", extrapolated {f'{factor:.3g}' if factor < 1000 else f'{factor:,.0f}'}x beyond it"
 
 
 def _fmt_n(n: float) -> str:

@@ -172,6 +172,7 @@ def test_figure_titles_say_when_they_extrapolate():
 
     assert extrapolation_note(8.2e8, 1e11) == "; law fitted up to N = 820M, extrapolated 122x beyond it"
     assert extrapolation_note(8.2e8, 5e9) == "; law fitted up to N = 820M"
+    assert extrapolation_note(2.05e7, 1e11) == "; law fitted up to N = 20.5M, extrapolated 4,878x beyond it"
 
 
 def _overlapping_labels(ax) -> list:
