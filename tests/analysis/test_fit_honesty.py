@@ -25,9 +25,12 @@ def _grid(params, sizes, ratios, noise=0.0, seed=0, eff=(1.0, 1.0)):
 NO_FLOOR = {**PAPER_PARAMS, "E": 0.0}  # a pure power law: no irreducible loss to find
 
 
-def test_e_at_zero_is_hit_bound_not_converged():
+@pytest.mark.parametrize("law", ["busbridge", "hoffmann"])  # the demo's case was a Hoffmann base, raw ln E ~ -6277
+def test_e_at_zero_is_hit_bound_not_converged(law):
+    from analysis.laws import get_law
+
     n, d, loss = _grid(NO_FLOOR, np.array([1e6, 2e6, 4e6, 8e6]), np.array([5, 10, 20, 40]), noise=0.002)
-    base = fit_base(n, d, loss)
+    base = fit_base(n, d, loss, get_law(law))
     assert base.params["E"] < 1e-3 * loss.min()
     assert base.status == "hit_bound" and "E =" in base.message and "lower bound" in base.message
 
