@@ -344,7 +344,7 @@ def _base_status(law: Law, raw: np.ndarray, res, n_points: int, first_pass_cost:
     return "converged", "ok" + note
 
 
-def identification(base: BaseFit, n, d, loss) -> str | None:
+def identification(base: BaseFit, n, d, loss, law: Law | None = None) -> str | None:
     """Why the data do not identify a base fit's exponents or E, from the linearized covariance s²·(JᵀJ)⁻¹ at the
     optimum (s² the residual variance, J the Jacobian of the log-residuals in the free raw parameters), or None.
 
@@ -352,10 +352,11 @@ def identification(base: BaseFit, n, d, loss) -> str | None:
     noise fit by six parameters, say. An exponent whose 1-sd range includes 0 (sd > |value|), or an E uncertain by
     more than a factor e (sd(ln E) > 1), is not a measurement. This is the check without a bootstrap; the
     bootstrap's intervals answer the same question without linearizing (:func:`analysis.report.fit_all`).
+    ``law`` is the fitted law (default: looked up by ``base.law``; pass it for a law with extra fixed parameters).
     """
     from analysis.laws import get_law
 
-    law = get_law(base.law)
+    law = law or get_law(base.law)
     log_n, log_d, log_obs = _as_arrays(n, d, loss)
     dof = log_obs.size - law.n_free
     if dof <= 0:

@@ -387,7 +387,7 @@ def fit_all(df: pd.DataFrame, law: str = "busbridge", *, bootstrap: int = 0, see
     if base.status == "converged" and not bootstrap:
         # without resamples the linearized covariance is the only check that the data pin the law down (with them,
         # the intervals ask the same without linearizing: _interval_checks)
-        why = identification(base, base_df["n_params"], base_df["tokens"], base_df["loss"])
+        why = identification(base, base_df["n_params"], base_df["tokens"], base_df["loss"], lw)
         if why:
             base = dataclasses.replace(base, status="not_identified", message=why)
     log.info("base fit (%s): %s; %d/%d starts reached the best basin", lw.name, base.status,

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from analysis.errors import AnalysisError
-from analysis.fit import fit_base, fit_efficiency
+from analysis.fit import STATUSES, fit_base, fit_efficiency
 from analysis.laws import predict
 from analysis.report import fit_all
 from analysis.load import frame_from_table
@@ -50,6 +50,11 @@ def test_two_percent_noise_on_a_demo_grid_is_never_called_converged():
     assert "not_identified" in statuses  # inside every bound, yet not a measurement: the new check's cases
     rows = [r for r in synthetic_rows(noise=0.002, seed=0) if r["forward"] == "bf16"]
     assert fit_all(frame_from_table(pd.DataFrame(rows)), forecasts=False).base.status == "converged"  # 0.2%: fine
+    # a law with E held fixed (the E profile's) is checked with its own free parameters
+    from analysis.laws import Law
+
+    at_e = Law("busbridge@E", {"e": float(np.log(1.35))})
+    assert fit_all(frame_from_table(pd.DataFrame(rows)), at_e, forecasts=False).base.status in STATUSES
 
 
 def test_planted_floor_still_converges():
