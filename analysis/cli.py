@@ -99,6 +99,9 @@ def print_report(report, console=None) -> None:
                         f"{e.eff_d:.4f}", _iv(ints.get("eff_d"), "{:.3f}") if e.fits_d else "", str(e.n_points),
                         e.status if e.status == "converged" else f"[yellow]{e.status}[/yellow]")
         console.print(e_t)
+        for e in report.efficiencies:  # the reason beside every flag (an inherited one is the base's, printed above)
+            if e.status != "converged" and not e.message.startswith("inherited"):
+                console.print(f"[yellow]{e.scheme}: {e.status}: {e.message}[/yellow]")
     if report.bootstrap.get("requested"):
         console.print(f"bootstrap: {report.bootstrap['used']}/{report.bootstrap['requested']} resamples used")
     for f in report.forecasts:

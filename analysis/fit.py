@@ -45,8 +45,11 @@ MAGNITUDE_LIMIT = 1e30
 DEAD_TERM_SHARE = 1e-3
 #: Bounds of the efficiencies (fitted as ln eff).
 EFF_BOUNDS = (1e-5, 4.0)
+#: An efficiency below this says the runs behave like a model (or a budget) over 20x smaller: the base law is
+#: evaluated far outside the range it was fitted on, so the number describes no measured cost.
+EFF_IMPLAUSIBLE = 0.05
 #: Status values of every fit result.
-STATUSES = ("converged", "hit_bound", "too_few_points", "failed")
+STATUSES = ("converged", "hit_bound", "not_identified", "too_few_points", "failed")
 
 
 def huber_cost(r: np.ndarray, delta: float = HUBER_DELTA) -> np.ndarray:
@@ -341,6 +344,40 @@ def _base_status(law: Law, raw: np.ndarray, res, n_points: int, first_pass_cost:
     return "converged", "ok" + note
 
 
+def identification(base: BaseFit, n, d, loss, law: Law | None = None) -> str | None:
+    """Why the data do not identify a base fit's exponents or E, from the linearized covariance s²·(JᵀJ)⁻¹ at the
+    optimum (s² the residual variance, J the Jacobian of the log-residuals in the free raw parameters), or None.
+
+    A point estimate can sit well inside every bound while the data barely constrain it — nine points of 2%
+    noise fit by six parameters, say. An exponent whose 1-sd range includes 0 (sd > |value|), or an E uncertain by
+    more than a factor e (sd(ln E) > 1), is not a measurement. This is the check without a bootstrap; the
+    bootstrap's intervals answer the same question without linearizing (:func:`analysis.report.fit_all`).
+    ``law`` is the fitted law (default: looked up by ``base.law``; pass it for a law with extra fixed parameters).
+    """
+    from analysis.laws import get_law
+
+    law = law or get_law(base.law)
+    log_n, log_d, log_obs = _as_arrays(n, d, loss)
+    dof = log_obs.size - law.n_free
+    if dof <= 0:
+        return None  # exactly determined: too_few_points says so
+    r, jac = residuals_and_jac(np.asarray(base.raw, float), log_n, log_d, log_obs, law.free)
+    s2 = float(np.sum(r**2)) / dof
+    try:
+        cov = s2 * np.linalg.inv(jac.T @ jac)
+    except np.linalg.LinAlgError:
+        return "the Jacobian is singular at the optimum: some parameter combination is not constrained at all"
+    sd = dict(zip((RAW_NAMES[i] for i in law.free), np.sqrt(np.abs(np.diag(cov)))))
+    loose = [f"{k} = {base.raw[RAW_NAMES.index(k)]:.3g} ± {sd[k]:.2g}" for k in ("alpha", "beta", "gamma")
+             if k in sd and sd[k] > abs(base.raw[RAW_NAMES.index(k)])]
+    if "e" in sd and sd["e"] > 1.0:
+        loose.append(f"E = {base.params['E']:.3g} (ln E ± {sd['e']:.2g})")
+    if not loose:
+        return None
+    return (f"not identified by the data: {', '.join(loose)} (1 sd, linearized from the residuals); "
+            f"run with --bootstrap N for intervals, or add sizes and budgets")
+
+
 def scheme_kind(forward: str, backward: str, base_label: str = "bf16") -> str:
     """Which efficiencies a precision gets: forward-only → effN, backward-only → effD, else both."""
     if backward == base_label and forward != base_label:
@@ -423,6 +460,11 @@ def fit_efficiency(base: BaseFit | dict, n, d, loss, kind: str, *, scheme: str =
         status, msg = "hit_bound", f"an efficiency sits on its bound {EFF_BOUNDS}: the data do not constrain it"
     elif log_obs.size < k + 1:
         status, msg = "too_few_points", f"{log_obs.size} point(s) for {k} parameter(s): exactly determined, no check"
+    elif min(eff_n, eff_d) < EFF_IMPLAUSIBLE:
+        name, val = ("effN", eff_n) if eff_n <= eff_d else ("effD", eff_d)
+        status, msg = "hit_bound", (f"{name} = {val:.3g} is an implausible magnitude (< {EFF_IMPLAUSIBLE:g}): the runs "
+                                    f"behave like a {1 / val:.3g}x smaller {'model' if name == 'effN' else 'budget'}, "
+                                    f"where the base law was never fitted; the law does not describe this precision")
     else:
         status, msg = "converged", "ok"
     if isinstance(base, BaseFit) and base.status != "converged" and status == "converged":
@@ -433,5 +475,6 @@ def fit_efficiency(base: BaseFit | dict, n, d, loss, kind: str, *, scheme: str =
                   message=msg, run_ids=tuple(str(r) for r in run_ids))
 
 
-__all__ = ["BaseFit", "EffFit", "MultiStartLog", "fit_base", "fit_efficiency", "huber_cost", "scheme_kind",
+__all__ = ["BaseFit", "EffFit", "MultiStartLog", "fit_base", "fit_efficiency", "huber_cost", "identification",
+           "scheme_kind",
            "HUBER_DELTA", "STATUSES", "PARAM_NAMES"]

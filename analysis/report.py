@@ -23,7 +23,7 @@ from analysis.errors import AnalysisError
 import dataclasses
 
 from analysis.fit import (E_FLOOR_FRACTION, EFF_BOUNDS, EXPONENT_BOX, BaseFit, EffFit, HUBER_DELTA, fit_base,
-                          fit_efficiency, scheme_kind)
+                          fit_efficiency, identification, scheme_kind)
 from analysis.laws import PARAM_NAMES, Law, get_law, predict
 from analysis.load import BASE_LABEL
 from analysis.speed import headline
@@ -327,7 +327,7 @@ def fit_all(df: pd.DataFrame, law: str = "busbridge", *, bootstrap: int = 0, see
     ``selections``: ``"auto"`` applies :data:`PAPER_SELECTIONS` to the bundled paper grid only,
     ``"paper"`` always, ``None`` never, or a dict (forward, backward) -> query string.
     ``at_n`` / ``at_ratio``: where the headline's break-even speedup is evaluated (default: the largest
-    base model at the median D/N of the base runs, rounded to 2 significant digits — 100 for the
+    base model at the median D/N of the base runs, rounded to 1 significant digit — 100 for the
     paper's grid — so the headline stays inside the data's budget range).
     ``exclude``: a pandas query over the runs' columns; matching runs are left out and listed among the
     dropped runs with the rule as the reason (outlier exclusion by a stated rule, never silently).
@@ -384,6 +384,12 @@ def fit_all(df: pd.DataFrame, law: str = "busbridge", *, bootstrap: int = 0, see
                             f"{', '.join(have)}")
     base = fit_base(base_df["n_params"], base_df["tokens"], base_df["loss"], lw, delta=delta,
                     starts=lw.start_grid(wide=start_grid == "wide"), run_ids=base_df["run_id"].astype(str))
+    if base.status == "converged" and not bootstrap:
+        # without resamples the linearized covariance is the only check that the data pin the law down (with them,
+        # the intervals ask the same without linearizing: _interval_checks)
+        why = identification(base, base_df["n_params"], base_df["tokens"], base_df["loss"], lw)
+        if why:
+            base = dataclasses.replace(base, status="not_identified", message=why)
     log.info("base fit (%s): %s; %d/%d starts reached the best basin", lw.name, base.status,
              base.multistart.n_converged, base.multistart.n_starts)
     groups = list(scheme_groups(df, base_label, selections))

@@ -67,3 +67,26 @@ def test_forecasts_and_headlines(report):
     # forward-only: the break-even speedup is exactly 1/effN (effD = 1)
     assert q["breakeven_speedup"] == pytest.approx(1 / report.eff("quest:bf16").eff_n, rel=1e-9)
     assert "pays off when its speedup exceeds" in q["text"]
+
+
+def test_unstable_methods_get_an_implausible_efficiency_flag(report):
+    """The methods the paper calls unstable fit to effN ~ 0.001-0.01: runs that behave like a model hundreds of times
+    smaller, where the base law was never fitted. The numbers stay as fitted; the status says they are no finding."""
+    for scheme in ("halo-fp4", "jetfire-fp4", "luq-fp4"):
+        e = report.eff(scheme)
+        assert e.eff_n < 0.05 and e.status == "hit_bound" and "implausible magnitude" in e.message, scheme
+        head = next(h for h in report.headlines if h["scheme"] == scheme)
+        assert head["text"].startswith("NOT A FINDING (hit_bound")
+    assert report.eff("luq-int4").status == "converged"  # effD 0.154: costly, but inside the law's reach
+
+
+def test_docs_quote_the_paper_headline_the_fit_prints(report):
+    """docs/analysis.md quotes `quartet fit --paper`'s headline (its D/N included): the fit must print exactly it."""
+    import re
+    from pathlib import Path
+
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "analysis.md").read_text()
+    quoted = re.search(r'\*"(quest:sr_absmax costs .*?)"\* \(from `quartet fit --paper`\)', docs, re.S)
+    assert quoted, "the headline example is gone from docs/analysis.md"
+    text = " ".join(quoted.group(1).split())
+    assert text in [h["text"] for h in report.headlines] and "D/N = 100)" in text

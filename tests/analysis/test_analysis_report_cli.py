@@ -50,7 +50,7 @@ def test_json_schema_and_provenance(demo_report, tmp_path):
     assert json.loads((tmp_path / "fit.json").read_text()) == out
     assert out["schema_version"] == 1
     assert set(out["base"]["params"]) == {"A", "alpha", "B", "beta", "E", "gamma"}
-    assert out["base"]["status"] in ("converged", "hit_bound", "too_few_points", "failed")
+    assert out["base"]["status"] in ("converged", "hit_bound", "not_identified", "too_few_points", "failed")
     assert set(out["base"]["intervals"]) == set(out["base"]["params"])
     e = out["efficiencies"][0]
     for key in ("scheme", "forward", "backward", "kind", "eff_n", "eff_d", "eff_n_interval", "eff_d_interval",
@@ -172,3 +172,77 @@ def test_figure_titles_say_when_they_extrapolate():
 
     assert extrapolation_note(8.2e8, 1e11) == "; law fitted up to N = 820M, extrapolated 122x beyond it"
     assert extrapolation_note(8.2e8, 5e9) == "; law fitted up to N = 820M"
+    assert extrapolation_note(2.05e7, 1e11) == "; law fitted up to N = 20.5M, extrapolated 4,878x beyond it"
+
+
+def _overlapping_labels(ax) -> list:
+    """Pairs of x tick labels (major and minor) whose drawn boxes overlap (after a draw)."""
+    ax.figure.canvas.draw()
+    boxes = [(t.get_text(), t.get_window_extent()) for minor in (False, True)
+             for t in ax.get_xticklabels(minor=minor) if t.get_text() and t.get_visible()]
+    return [(a, c) for i, (a, b) in enumerate(boxes) for c, d in boxes[i + 1:] if b.overlaps(d)]
+
+
+def test_log_axis_labels_stay_readable_on_a_narrow_range():
+    """The ladder's 3.4M panel spans 3.4e7-2.8e8 tokens: matplotlib's default labels (3x10^7, 4x10^7, ...) overlap;
+    log_axis labels 1-2-5 ticks as 50M, 100M, 200M; a wide axis gets decades only; a short one still 3 ticks."""
+    import matplotlib.pyplot as plt
+
+    from analysis.figures import log_axis
+
+    fig, ax = plt.subplots(figsize=(4.3, 3.7))
+    ax.errorbar([3.41e7, 6.8e7, 1.36e8, 2.73e8], [2.4, 2.0, 1.85, 1.75], yerr=0.02, marker="o")
+    ax.set_xscale("log")
+    assert _overlapping_labels(ax)  # the figure as it was
+    log_axis(ax)
+    assert not _overlapping_labels(ax)
+    assert [t.get_text() for t in ax.get_xticklabels() if t.get_text()] == ["50M", "100M", "200M"]
+    ax.set_xlim(1e7, 1e11)
+    log_axis(ax)
+    assert [t.get_text() for t in ax.get_xticklabels() if t.get_text()] == ["10M", "100M", "1B", "10B", "100B"]
+    ax.set_xlim(1e8, 4.3e8)
+    log_axis(ax)
+    assert [t.get_text() for t in ax.get_xticklabels() if t.get_text()] == ["100M", "200M", "300M", "400M"]
+    assert not _overlapping_labels(ax)
+    plt.close(fig)
+
+
+def test_one_colour_per_precision_across_figures():
+    """Named precisions keep their colours; the others get distinct colours that depend on the set of labels only
+    (not their order), never one of a named precision present nor the baseline's."""
+    from analysis.figures import PRECISION_COLORS, precision_colors
+
+    labels = ["quartet", "fp8", "bf16:quest", "luq-int4", "halo-fp4", "jetfire-fp4", "quest:bf16", "sr_absmax:bf16",
+              "rtn_absmax:bf16", "quest:sr_absmax", "luq-fp4", "lss-int4"]
+    colors = precision_colors(labels)
+    assert colors == precision_colors(reversed(labels))
+    assert colors["quartet"] == PRECISION_COLORS["quartet"] and colors["fp8"] == PRECISION_COLORS["fp8"]
+    assert len(set(colors.values())) == len(labels) and PRECISION_COLORS["bf16"] not in colors.values()
+    ladder = precision_colors(["bf16", "fp8", "quartet"])
+    assert ladder == {k: PRECISION_COLORS[k] for k in ("bf16", "fp8", "quartet")}
+
+
+def test_breakeven_names_every_scheme_the_axis_does_not_show_whole():
+    """Schemes that never pay off, stay above the axis or leave it over part of N are named in a note (flagged ones
+    with their status), not dropped."""
+    import dataclasses
+
+    import numpy as np
+
+    from analysis.figures import breakeven_curves
+    from analysis.fit import EffFit
+    from analysis.load import load_paper
+
+    paper = fit_all(load_paper(), forecasts=False)
+    n = np.geomspace(1e7, 1e11, 200)
+    curves, notes = breakeven_curves(paper, n, 100)
+    text = "\n".join(notes)
+    assert "never pays off" in text and "halo-fp4 (hit_bound)" in text and "luq-int4" in text
+    assert "above 4x everywhere" in text and "bf16:quest (too_few_points)" in text
+    assert {e.scheme for e, _ in curves} >= {"quest:bf16", "quest:sr_absmax"}
+    # a backward scheme whose data penalty grows against the parameter term with N: Z from 3.7x to 16x, clipped
+    worse = EffFit("bwd-x", "bf16", "x", "backward", 1.0, 0.3, 0.0, 6, "converged", "ok")
+    curves, notes = breakeven_curves(dataclasses.replace(paper, efficiencies=(worse,)), n, 100)
+    (e, z), = curves
+    assert z[0] < 4 < z[-1]
+    assert notes == [f"clipped at the axes (0.8-4x):\n  bwd-x (reaches {z[-1]:.3g}x)"]

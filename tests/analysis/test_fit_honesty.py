@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from analysis.errors import AnalysisError
-from analysis.fit import fit_base, fit_efficiency
+from analysis.fit import STATUSES, fit_base, fit_efficiency
 from analysis.laws import predict
 from analysis.report import fit_all
 from analysis.load import frame_from_table
@@ -25,11 +25,36 @@ def _grid(params, sizes, ratios, noise=0.0, seed=0, eff=(1.0, 1.0)):
 NO_FLOOR = {**PAPER_PARAMS, "E": 0.0}  # a pure power law: no irreducible loss to find
 
 
-def test_e_at_zero_is_hit_bound_not_converged():
+@pytest.mark.parametrize("law", ["busbridge", "hoffmann"])  # the demo's case was a Hoffmann base, raw ln E ~ -6277
+def test_e_at_zero_is_hit_bound_not_converged(law):
+    from analysis.laws import get_law
+
     n, d, loss = _grid(NO_FLOOR, np.array([1e6, 2e6, 4e6, 8e6]), np.array([5, 10, 20, 40]), noise=0.002)
-    base = fit_base(n, d, loss)
+    base = fit_base(n, d, loss, get_law(law))
     assert base.params["E"] < 1e-3 * loss.min()
     assert base.status == "hit_bound" and "E =" in base.message and "lower bound" in base.message
+
+
+def test_two_percent_noise_on_a_demo_grid_is_never_called_converged():
+    """The issue's case: nine runs (3 sizes x 3 budgets) at 2% noise used to give fits with E ~ 0 or A >= 1e10 called
+    converged (8 of 20). Every one of 20 draws is now flagged with a reason: a bound, an implausible magnitude, or
+    exponents / E the data do not identify (linearized sd, the check without a bootstrap)."""
+    from analysis_testdata import synthetic_rows
+
+    statuses = []
+    for seed in range(20):
+        rows = [r for r in synthetic_rows(noise=0.02, seed=seed) if r["forward"] == "bf16"]
+        base = fit_all(frame_from_table(pd.DataFrame(rows)), forecasts=False).base
+        assert base.status != "converged" and base.message and base.message != "ok", (seed, base.params)
+        statuses.append(base.status)
+    assert "not_identified" in statuses  # inside every bound, yet not a measurement: the new check's cases
+    rows = [r for r in synthetic_rows(noise=0.002, seed=0) if r["forward"] == "bf16"]
+    assert fit_all(frame_from_table(pd.DataFrame(rows)), forecasts=False).base.status == "converged"  # 0.2%: fine
+    # a law with E held fixed (the E profile's) is checked with its own free parameters
+    from analysis.laws import Law
+
+    at_e = Law("busbridge@E", {"e": float(np.log(1.35))})
+    assert fit_all(frame_from_table(pd.DataFrame(rows)), at_e, forecasts=False).base.status in STATUSES
 
 
 def test_planted_floor_still_converges():
@@ -105,10 +130,14 @@ def test_paired_design_bootstraps_cells_and_gets_the_narrower_interval():
 
 
 def test_a_bootstrap_interval_reaching_a_bound_flags_the_fit():
-    """A point estimate can look converged while its bootstrap says E could be 0 (too narrow a range of N)."""
+    """A point estimate can sit inside every bound while its bootstrap says E could be 0 (too narrow a range of N);
+    without a bootstrap the linearized covariance says E is not identified."""
     cells = [(n, n * r) for n in (1e6, 2e6, 4e6, 8e6) for r in (10, 20, 40, 80)]
     table = _table(cells, 0.01, 1)  # a planted floor E = 1.35, but N spans only 8x at 1% noise
-    assert fit_all(table, "busbridge").base.status == "converged"  # the point estimate alone looks fine
+    base = table[table["forward"] == "bf16"]
+    assert fit_base(base["n_params"], base["tokens"], base["loss"]).status == "converged"  # inside every bound
+    point = fit_all(table, "busbridge").base
+    assert point.status == "not_identified" and "E = " in point.message and "ln E ±" in point.message
     report = fit_all(table, "busbridge", bootstrap=30, seed=0)
     assert report.base.status == "hit_bound"
     assert "E's 95% bootstrap interval" in report.base.message and "reaches its lower bound 0" in report.base.message
@@ -223,6 +252,50 @@ def test_compute_optimal_allocation_recovers_the_planted_optimum():
     assert rows["q"]["speedup"] == 2.0 and rows["q"]["n_opt_interval"] is not None
 
 
+def _n_opt_bound(params, n, d, noise, flops):
+    """The Cramér-Rao bound on sd(ln N_opt(C)) for the law fitted by least squares to points (n, d) with
+    multiplicative Gaussian noise: σ²·gᵀ(JᵀJ)⁻¹g, J the Jacobian of ln L in the raw parameters, g that of ln N_opt.
+    What no unbiased estimator of this law can beat on that design."""
+    from analysis.laws import params_to_raw, residuals_and_jac
+
+    raw = params_to_raw(params)
+
+    def ln_n_opt(r):  # the closed form of analysis.speed.compute_optimal in raw parameters
+        a, alpha, b, beta = r[:4]
+        return (np.log(alpha) + a - np.log(beta) - b) / (alpha + beta) + beta / (alpha + beta) * np.log(flops / 6)
+
+    _, jac = residuals_and_jac(raw, np.log(n), np.log(d), np.zeros(len(n)))
+    g = np.array([(ln_n_opt(raw + h) - ln_n_opt(raw - h)) / 2e-6 for h in np.eye(6) * 1e-6])
+    return float(noise * np.sqrt(g @ np.linalg.solve(jac.T @ jac, g)))
+
+
+def test_compute_optimal_at_half_percent_noise_on_a_ladder_grid_is_within_5pct_and_at_the_information_limit():
+    """A ladder-shaped design (6 sizes over 32x in N, D/N 5-160, 36 runs), the planted paper law, 0.5% multiplicative
+    noise, 20 fixed noise draws: the fitted N_opt(C) is within 5% of the planted one in the typical draw (median
+    |error|), and its RMS error is within 1.3x the Cramér-Rao bound of the design — the estimator loses nothing to
+    its optimizer or start grid (the paper's near-L1 Huber δ costs 20-25% against least squares). The bound itself
+    is 4-5% here (13-18% on the paper's 5 x 5 grid), so *no* estimator of the full law puts every draw within 5% at
+    this noise on a grid this size: single draws 12-17% off occur (seed 9); the bootstrap interval says so."""
+    from analysis.speed import compute_optimal
+
+    sizes, ratios = np.geomspace(2.5e7, 8e8, 6), np.array([5, 10, 20, 40, 80, 160])
+    budgets = (3e18, 1e19)  # inside the grid's compute range (4e16-6e20), optimum D/N ~ 40 inside its budgets
+    errors = []
+    for seed in range(20):
+        n, d, loss = _grid(PAPER_PARAMS, sizes, ratios, noise=0.005, seed=seed)
+        fit = fit_base(n, d, loss)
+        assert fit.status == "converged", fit.message
+        errors.append([np.log(compute_optimal(fit.params, c)["n_opt"] / compute_optimal(PAPER_PARAMS, c)["n_opt"])
+                       for c in budgets])
+    errors = np.abs(np.array(errors))
+    assert np.all(np.median(errors, axis=0) < 0.05), np.median(errors, axis=0)
+    n, d, _ = _grid(PAPER_PARAMS, sizes, ratios)
+    bound = np.array([_n_opt_bound(PAPER_PARAMS, n, d, 0.005, c) for c in budgets])
+    assert np.all(bound > 0.035)  # the design's information limit: a per-draw 5% is out of reach for any fit
+    rms = np.sqrt(np.mean(errors**2, axis=0))
+    assert np.all(rms < 1.3 * bound), (rms, bound)
+
+
 def test_implausible_magnitudes_and_a_dead_term_are_flagged():
     """A fitted A or B beyond 1e30, or a term that carries < 0.1% of the reducible loss at every point, is a
     degenerate law even when its exponents sit inside their box."""
@@ -297,3 +370,27 @@ def test_profile_says_when_no_e_fits_within_the_seed_noise(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "no E fits the base cells within the pooled seed noise" in out and "the law's form, not E" in out
     assert "no seed replicates" not in out
+
+
+def test_intervals_reaching_bounds_flag_the_fit_and_its_efficiencies():
+    """The issue's case: quartet's effN interval [0.108, 4] reached its bound 4 and was called converged. An
+    efficiency interval touching EFF_BOUNDS, or an exponent interval leaving the plausible box, turns a converged
+    point estimate into hit_bound with the reason; converged efficiencies on a flagged base inherit its status."""
+    from analysis.fit import BaseFit, EffFit
+    from analysis.laws import params_to_raw
+    from analysis.report import _interval_checks
+
+    base = BaseFit("busbridge", dict(PAPER_PARAMS), tuple(params_to_raw(PAPER_PARAMS)), ("a", "alpha", "b", "beta",
+                   "e", "gamma"), 1e-6, 20, "converged", "ok")
+    quartet = EffFit("quartet", "quest", "rtn", "joint", 0.5, 0.9, 1e-6, 20, "converged", "ok")
+    fp8 = EffFit("fp8", "fp8", "fp8", "joint", 0.95, 1.0, 1e-6, 20, "converged", "ok")
+    tight = {"A": (1e5, 2e5), "alpha": (0.5, 0.7), "B": (4e5, 6e5), "beta": (0.5, 0.6), "E": (1.2, 1.5),
+             "gamma": (0.25, 0.3)}
+    effs = {"quartet": {"eff_n": (0.108, 4.0), "eff_d": (0.8, 1.0)}, "fp8": {"eff_n": (0.9, 1.0), "eff_d": (0.95, 1.05)}}
+    b, (q, f) = _interval_checks(base, [quartet, fp8], tight, effs, min_loss=2.5)
+    assert b.status == "converged" and f.status == "converged"
+    assert q.status == "hit_bound" and "eff_n reaches its bound" in q.message
+    b, (q, f) = _interval_checks(base, [quartet, fp8], {**tight, "alpha": (0.0004, 0.9)}, effs, min_loss=2.5)
+    assert b.status == "hit_bound" and "alpha's 95% bootstrap interval [0.0004, 0.9] leaves" in b.message
+    assert f.status == "hit_bound" and f.message.startswith("inherited from the base fit")
+    assert q.message.startswith("the 95% bootstrap interval of eff_n")  # its own reason comes first
