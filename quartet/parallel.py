@@ -142,10 +142,17 @@ def eval_batches(windows, *, rank: int, world_size: int, micro: int, lockstep: b
 
 
 def describe(cfg, world_size: int) -> str:
-    """What ``quartet train --print-config`` states about parallelism: mode, shards, per-GPU memory estimate."""
+    """What ``quartet train --print-config`` states about parallelism: mode, shards, per-GPU memory estimate.
+
+    ``world_size`` is the launcher's WORLD_SIZE; with one rank, a config that records its cluster share
+    (``cluster.nodes`` x ``cluster.gpus_per_node``, written by the planner) is described at that size."""
     from quartet.config import resolve
     from quartet.memory import estimate_run
 
+    cluster = cfg.get("cluster") or {}
+    if world_size <= 1 and cluster.get("nodes") and cluster.get("gpus_per_node"):
+        # a run directory's config.yaml records the GPUs the plan gave it: state the estimate for those
+        world_size = int(cluster["nodes"]) * int(cluster["gpus_per_node"])
     res = resolve(cfg.copy(), world_size)
     want = str(cfg.run.device)
     dev = "cuda" if want == "cuda" or (want == "auto" and torch.cuda.is_available()) else "cpu"
