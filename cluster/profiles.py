@@ -8,6 +8,10 @@ Resources per run come from an ordered list of rules keyed by the run's non-embe
 count N: the first rule with ``N <= max_params`` gives GPUs (one task per GPU), nodes, CPUs per task,
 memory and the time limit. Runs with equal resources form one job array.
 
+A rule may also fix the run's data parallelism (``parallel: ddp | fsdp``); without it the plan takes DDP
+when the run's per-GPU memory estimate (:mod:`quartet.memory`) fits ``gpu_memory_gb``, else FSDP2, and it
+refuses a run whose estimate under the chosen mode exceeds ``gpu_memory_gb`` (``null``: not checked).
+
 Local profiles (``kind: local``) run a process pool on this machine, one run per worker at a time:
 
 - ``gpus: 0`` (default): CPU only, ``workers`` processes with ``threads_per_worker`` torch threads each.

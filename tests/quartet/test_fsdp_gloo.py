@@ -14,8 +14,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -26,7 +24,6 @@ from quartet.config import compose
 from quartet.runs import run_dir
 from quartet.train import Trainer
 
-REPO = Path(__file__).resolve().parents[2]
 TOL = 5e-5
 
 
@@ -37,17 +34,6 @@ def _losses(d: Path) -> list[tuple[int, float]]:
 
 def _val(d: Path) -> float:
     return json.loads((d / "summary.json").read_text())["val_loss"]
-
-
-def _torchrun(over: list[str], out: Path) -> Path:
-    env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(k, None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "quartet.cli", "train", *over, f"run.out_dir={out}"]
-    res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
-    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
-    return run_dir(compose([*over, f"run.out_dir={out}"]))
 
 
 def _same_curve(a: Path, b: Path, steps) -> float:
@@ -64,11 +50,11 @@ def _over(tiny_overrides, precision: str) -> list[str]:
 
 
 @pytest.mark.parametrize("precision", ["bf16", "quartet", "fp8"])
-def test_fsdp_two_gloo_processes_match_one_process(tmp_path, tiny_overrides, precision):
+def test_fsdp_two_gloo_processes_match_one_process(tmp_path, tiny_overrides, torchrun2, precision):
     over = _over(tiny_overrides, precision)
     single = compose([*over, f"run.out_dir={tmp_path / 'one'}"])
     Trainer(single).run()  # one plain process: the reference
-    two = _torchrun([*over, "run.parallel=fsdp"], tmp_path / "two")
+    two = torchrun2([*over, "run.parallel=fsdp"], tmp_path / "two")
     worst, val = _same_curve(run_dir(single), two, range(1, 9))
     print(f"{precision}: max |loss(1 proc) - loss(2 procs, fsdp)| over 8 steps: {worst:.3g}; val loss: {val:.3g}")
     ckpt = two / "ckpt"
@@ -79,10 +65,10 @@ def test_fsdp_two_gloo_processes_match_one_process(tmp_path, tiny_overrides, pre
     assert (two / "train.log").read_text().count("completed") == 1
 
 
-def test_fsdp_resume_on_one_and_two_processes(tmp_path, tiny_overrides):
+def test_fsdp_resume_on_one_and_two_processes(tmp_path, tiny_overrides, torchrun2):
     """Save sharded on 2 ranks at step 4; resume from it on 1 rank and on 2: the curve of the uninterrupted run."""
     over = [*_over(tiny_overrides, "quartet"), "run.parallel=fsdp", "logging.ckpt_every=4"]
-    full = _torchrun(over, tmp_path / "full")  # checkpoints at step 4 and (on completion) step 8
+    full = torchrun2(over, tmp_path / "full")  # checkpoints at step 4 and (on completion) step 8
     assert json.loads((full / "state.json").read_text())["state"] == "completed"
 
     def interrupted_copy(name: str) -> Path:
@@ -111,7 +97,7 @@ def test_fsdp_resume_on_one_and_two_processes(tmp_path, tiny_overrides):
     two = interrupted_copy("two")
     shutil.rmtree(two / "ckpt" / "last")
     os.replace(two / "ckpt" / "prev", two / "ckpt" / "last")
-    _torchrun(over, tmp_path / "two")
+    torchrun2(over, tmp_path / "two")
     _same_curve(full, two, range(1, 9))
     assert "resuming" in (two / "train.log").read_text()
 
