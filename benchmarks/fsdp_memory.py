@@ -67,7 +67,7 @@ def _child(args: argparse.Namespace) -> None:
         "implementation": summary.get("implementation"), "n_params_total": res.n_params_total,
         "peak_allocated_gb": max((p[0] for p in peaks), default=0) / GB,
         "peak_reserved_gb": max((p[1] for p in peaks), default=0) / GB,
-        "estimate_gb": est.total / GB, "estimate_tensors_gb": (est.total - est.overhead) / GB,
+        "estimate_gb": est.total / GB, "estimate_tensors_gb": (est.training - est.overhead) / GB,
         "estimate": est.describe(), "device": torch.cuda.get_device_name() if cuda else "cpu",
     }))
 

@@ -16,6 +16,8 @@ model width, T = micro-batch x seq_len tokens per micro-batch and V the vocabula
   input (2·T·d) and one layer is recomputed at a time. Plus the logits: bf16, their fp32 copy and its
   gradient, 10·T·V.
 * **overhead**: CUDA context, allocator fragmentation, NCCL buffers: a flat 2 GB.
+* **start-up**: every rank builds the whole fp32 model on its GPU (same seed, so no broadcast) before FSDP2
+  shards it: 4P + overhead (27 GB + 2 at 7B). The estimate is the larger of that and the training peak.
 
 It is a budget for planning, checked against measured peaks by ``benchmarks/fsdp_memory.py``.
 """
@@ -42,10 +44,18 @@ class MemoryEstimate:
     activations: float
     overhead: float = OVERHEAD_BYTES
 
+    #: bytes of the whole fp32 model, built on every rank before sharding
+    init: float = 0.0
+
+    @property
+    def training(self) -> float:
+        """Estimated peak bytes of one rank during training steps."""
+        return self.params + self.grads + self.optimizer + self.working + self.activations + self.overhead
+
     @property
     def total(self) -> float:
-        """Estimated peak bytes of one rank."""
-        return self.params + self.grads + self.optimizer + self.working + self.activations + self.overhead
+        """Estimated peak bytes of one rank: training, or the start-up before sharding if that is larger."""
+        return max(self.training, self.init + self.overhead)
 
     @property
     def shards(self) -> int:
@@ -56,8 +66,10 @@ class MemoryEstimate:
         """One line: total and parts in GB, e.g. ``23.4 GB/GPU (weights 0.4, grads 0.4, ...)``."""
         parts = (("weights", self.params), ("grads", self.grads), ("Adam", self.optimizer),
                  ("working copies", self.working), ("activations", self.activations), ("overhead", self.overhead))
+        start = (f"; peak at start-up: the whole fp32 model {self.init / GB:.1f} before sharding"
+                 if self.init + self.overhead > self.training else "")
         return (f"{self.total / GB:.1f} GB/GPU ({', '.join(f'{k} {v / GB:.1f}' for k, v in parts)}; "
-                f"{self.parallel}, state sharded {self.shards} way{'s' if self.shards != 1 else ''})")
+                f"{self.parallel}, state sharded {self.shards} way{'s' if self.shards != 1 else ''}{start})")
 
 
 def estimate(*, parallel: str, world_size: int, n_params_total: int, n_layer: int, d_model: int, ffn_hidden: int,
@@ -81,7 +93,7 @@ def estimate(*, parallel: str, world_size: int, n_params_total: int, n_layer: in
         acts = n_layer * per_layer
     acts += 10.0 * micro_tokens * vocab_size
     return MemoryEstimate(parallel=parallel, world_size=W, params=4.0 * P / shard, grads=4.0 * P / shard,
-                          optimizer=8.0 * P / shard, working=working, activations=acts, overhead=overhead)
+                          optimizer=8.0 * P / shard, working=working, activations=acts, overhead=overhead, init=4.0 * P)
 
 
 def estimate_run(res, *, parallel: str, world_size: int, activation_checkpointing: bool = False) -> MemoryEstimate:

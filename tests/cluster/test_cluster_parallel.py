@@ -91,6 +91,11 @@ def test_estimate_terms_shard_and_checkpointing():
     logits = 10.0 * 4096 * 32000
     assert ac.activations - logits == pytest.approx(10 * 2 * 4096 * 1024 + 4096 * 1024 * 34)
     assert ac.total < fsdp.total
+    # 64 shards of a 30B model train in little memory, but every rank first builds the whole fp32 model
+    big = estimate(parallel="fsdp", world_size=64, activation_checkpointing=True,
+                   **{**kw, "n_params_total": 30_000_000_000})
+    assert big.training < 40 * GB and big.total == 120 * GB + big.overhead
+    assert "peak at start-up: the whole fp32 model 120.0 before sharding" in big.describe()
 
 
 def test_print_config_states_parallelism(tmp_path, capsys, monkeypatch):
