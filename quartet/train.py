@@ -254,7 +254,7 @@ class Trainer:
         self.plan = quant.apply_precision(self.model, cfg.precision, seed=int(cfg.run.seed), device=self.device,
                                           traceable=bool(cfg.run.compile) and bool(cfg.run.get("compile_fused", True)))
         o = cfg.optim
-        fused = {"fused": True} if self.device.type == "cuda" and self.parallel == "ddp" else {}
+        fused = {"fused": True} if self.device.type == "cuda" else {}  # DTensor (FSDP2) shards take it too
         # FSDP2 shards the parameters in place: wrap before the optimizer sees them
         self.train_model: torch.nn.Module = qpar.wrap(self.model, self.parallel, self.device,
                                                       world_size=self.dist.world_size, amp=bool(cfg.run.amp),
@@ -290,7 +290,8 @@ class Trainer:
         return self.dir / "ckpt" / ("last" if self.parallel == "fsdp" else "last.pt")
 
     def save_checkpoint(self) -> None:
-        """Write ckpt/last.pt atomically with a checksum, the old one kept as ckpt/prev.pt (rank 0; all ranks wait)."""
+        """Write ckpt/last.pt atomically with a checksum, the old one kept as ckpt/prev.pt (rank 0; all ranks wait);
+        under FSDP every rank writes its shards into the folder ckpt/last (old one: ckpt/prev)."""
         if self.is_main or self.parallel == "fsdp":
             state = {
                 "step": self.step, "run_id": self.run_id, "config_hash": self.config_hash,
@@ -326,7 +327,7 @@ class Trainer:
         if state.get("config_hash") != self.config_hash:
             raise QuartetError(f"checkpoint {path} belongs to another config (hash "
                                f"{str(state.get('config_hash'))[:8]} != {self.config_hash[:8]}); move it away")
-        if "model" in state:
+        if self.parallel != "fsdp":  # the sharded load restored model and optimizer in place
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
