@@ -117,9 +117,15 @@ def _gather_probe(rank: int, port: int, out: str) -> None:
     parallel.wrap(model, "fsdp", torch.device("cpu"), world_size=2, amp=False)
     seen = []
     layers = [m for m in model.modules() if isinstance(m, quant.QuantLinear)]
+    others = {id(m): [o for o in layers if o.qname.split(".")[1] != m.qname.split(".")[1]] for m in layers}
+
+    def hook(mod, _inp):
+        # the weight this layer sees, and how many layers of the *other* block are gathered at this moment
+        gathered = sum(type(o.weight).__name__ != "DTensor" for o in others[id(mod)])
+        seen.append((type(mod.weight).__name__, list(mod.weight.shape), [mod.out_features, mod.in_features], gathered))
+
     for m in layers:
-        m.register_forward_pre_hook(lambda mod, _inp: seen.append(
-            (type(mod.weight).__name__, list(mod.weight.shape), [mod.out_features, mod.in_features])))
+        m.register_forward_pre_hook(hook)
     stored = [(type(m.weight).__name__, list(m.weight.to_local().shape)) for m in layers]
     model(torch.randint(0, 50, (2, 32)), torch.randint(0, 50, (2, 32))).backward()
     with open(f"{out}/rank{rank}.json", "w") as fh:
@@ -129,7 +135,8 @@ def _gather_probe(rank: int, port: int, out: str) -> None:
 
 def test_quantized_layers_see_full_weights_under_fsdp(tmp_path):
     """Between steps a QuantLinear holds a DTensor shard (half the rows per rank); inside its forward FSDP2
-    has all-gathered the block, so the layer sees the plain, full weight."""
+    has all-gathered its block, so the layer sees the plain, full weight, while the other block stays sharded
+    (gathered per block, resharded after the block's forward)."""
     import socket
 
     with socket.socket() as s:
@@ -139,9 +146,9 @@ def test_quantized_layers_see_full_weights_under_fsdp(tmp_path):
     for rank in (0, 1):
         got = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert len(got["seen"]) == 8  # 2 blocks x 4 quantized linears, each called once
-        for kind, shape, full in got["seen"]:
-            assert kind != "DTensor" and shape == full
-        for (kind, local), (_, _, full) in zip(got["stored"], got["seen"]):
+        for kind, shape, full, other_block_gathered in got["seen"]:
+            assert kind != "DTensor" and shape == full and other_block_gathered == 0
+        for (kind, local), (_, _, full, _) in zip(got["stored"], got["seen"]):
             assert kind == "DTensor" and local == [full[0] // 2, full[1]]
 
 
