@@ -2,7 +2,7 @@
 
 :class:`RunTask` is the callable submitit pickles for Slurm. It needs only the run directory: the
 resolved ``config.yaml`` was written there before submission, and the trainer resumes from
-``ckpt/last.pt`` by itself, so a requeued job (by submitit after a signal, or by ``scontrol
+``ckpt/last.pt`` (the folder ``ckpt/last`` under FSDP) by itself, so a requeued job (by submitit after a signal, or by ``scontrol
 requeue``) simply calls it again.
 
 Preemption / time limit: Slurm sends USR2 ``signal_delay_s`` before the end; submitit's handler

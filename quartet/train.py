@@ -638,7 +638,7 @@ class Trainer:
                 write_json_atomic(self.dir / "env.json", environment_info(self.device))
                 write_json_atomic(self.dir / "quant_map.json", self.plan.to_dict())
             self._check_ckpt_kind()
-            if ckpt_io.exists(self.ckpt_path) or ckpt_io.sharded_exists(self.ckpt_path):
+            if (ckpt_io.sharded_exists if self.parallel == "fsdp" else ckpt_io.exists)(self.ckpt_path):
                 resuming = True  # until loaded, self.step (0) is not the run's step: keep the recorded one
                 self._load_checkpoint()
                 resuming = False
