@@ -16,7 +16,7 @@ bundled Shakespeare corpus (no network needed), so it measures exactly what ``qu
 Run on one H100 from the repository root (20 short runs, meant to take under 8 minutes; each run is cut off
 after ``--timeout`` seconds; prints two tables, writes ``--out`` as JSON)::
 
-    python3 benchmarks/fsdp_memory.py --out /tmp/fsdp_memory.json
+    python3 benchmarks/fsdp_memory.py --out /tmp/fsdp_memory.json   # --budget 450 s in all by default
 
 Exit status 1 when an equality check fails or a run fails; the tables still print.
 """
@@ -29,6 +29,7 @@ import subprocess
 import sys
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -73,7 +74,9 @@ def _child(args: argparse.Namespace) -> None:
     }))
 
 
-def _run(overrides: list[str], timeout: int) -> dict:
+def _run(overrides: list[str], timeout: float) -> dict:
+    if timeout <= 1:
+        return {"error": "skipped: the --budget of the whole script is spent"}
     env = {**os.environ, "WANDB_MODE": "disabled"}
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)
@@ -81,7 +84,7 @@ def _run(overrides: list[str], timeout: int) -> dict:
     try:
         out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {timeout} s"}
+        return {"error": f"timed out after {timeout:.0f} s"}
     for line in out.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])
@@ -96,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eq-model", default="llama_30m", help="model of the fsdp-vs-ddp equality runs")
     p.add_argument("--precisions", default="bf16,quartet")
     p.add_argument("--micro", type=int, default=8, help="sequences per micro-batch in the memory runs")
-    p.add_argument("--timeout", type=int, default=240, help="seconds per run")
+    p.add_argument("--timeout", type=int, default=180, help="seconds per run at most")
+    p.add_argument("--budget", type=int, default=450, help="seconds for the whole script: later runs are skipped")
     p.add_argument("--out", help="write all results here as JSON")
     p.add_argument("overrides", nargs="*")
     args = p.parse_args(argv)
@@ -108,6 +112,10 @@ def main(argv: list[str] | None = None) -> int:
             "run.device=cuda", "logging.progress=false", f"run.out_dir={out_dir}", *args.overrides]
     failed = False
     results: dict = {"equality": [], "memory": []}
+    start = time.monotonic()
+
+    def left() -> float:
+        return min(args.timeout, args.budget - (time.monotonic() - start))
 
     print(f"1) fsdp (world size 1) vs ddp: {args.eq_model}, 20 steps of 16 x {SEQ} tokens")
     print(f"{'precision':10} {'amp':5} {'max |dloss|':>12} {'|dval|':>10} {'tolerance':>10}  verdict")
@@ -118,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
                 over = [*base, f"model={args.eq_model}", f"precision={precision}", f"run.amp={amp}", f"run.parallel={mode}",
                         "budget=tokens", f"budget.tokens={20 * 16 * SEQ}", "optim.batch_size=16",
                         f"run.name=eq-{mode}-{amp}"]
-                runs[mode] = _run(over, args.timeout)
+                runs[mode] = _run(over, left())
             a, b = runs["ddp"], runs["fsdp"]
             if "error" in a or "error" in b:
                 failed = True
@@ -142,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
                 over = [*base, f"model={size}", f"precision={precision}", f"run.parallel={mode}", "budget=tokens",
                         f"budget.tokens={3 * args.micro * SEQ}", f"optim.batch_size={args.micro}",
                         f"run.name=mem-{mode}"]
-                r = _run(over, args.timeout)
+                r = _run(over, left())
                 results["memory"].append({"model": size, "precision": precision, "mode": mode, **r})
                 if "error" in r:
                     failed = True
