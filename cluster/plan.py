@@ -14,9 +14,10 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from cluster import runstate, slurm
-from cluster.profiles import ClusterProfile, Resources, describe_local, gpu_hours, resources_for
+from cluster.profiles import ClusterProfile, Resources, describe_local, gpu_hours, resources_for, rule_for
 from cluster.spec import RunPoint, SweepSpec, expand
 from quartet.errors import ConfigError, QuartetError
+from quartet.memory import GB, MemoryEstimate, choose_parallel
 
 
 @dataclass
@@ -34,6 +35,8 @@ class PlannedRun:
     precision: str
     resources: Resources
     hours: float
+    #: the run's per-GPU memory estimate under its parallelism (``memory.parallel``: ddp | fsdp)
+    memory: MemoryEstimate | None = None
     view: runstate.RunView | None = None
 
     @property
@@ -148,8 +151,10 @@ def build_plan(spec: SweepSpec, profile: ClusterProfile, runs_root: Path, extra:
             cfg = compose_run(point, spec, runs_root, extra)
             res = resolve(cfg)
             resources = resources_for(profile, res.n_params)
+            world = max(1, resources.gpus)
             if resources.gpus > 1:  # the batch must split over the data-parallel ranks too
                 resolve(cfg.copy(), world_size=resources.gpus)
+            memory = plan_memory(cfg, res, profile, world)
             rdir = Path(run_dir_of(cfg))
             rid = rdir.name  # run_dir ends in run_id(cfg); computing it twice costs a second resolve
         except QuartetError as exc:
@@ -166,7 +171,7 @@ def build_plan(spec: SweepSpec, profile: ClusterProfile, runs_root: Path, extra:
         plan.runs.append(
             PlannedRun(point=point, cfg=cfg, run_id=rid, run_dir=Path(rdir), n_params=res.n_params,
                        tokens=res.tokens, steps=res.steps, lr=res.lr, precision=precision, resources=resources,
-                       hours=gpu_hours(profile, res.n_params, res.tokens, precision))
+                       hours=gpu_hours(profile, res.n_params, res.tokens, precision), memory=memory)
         )
     if errors:
         more = f" (and {len(errors) - 1} more bad run(s))" if len(errors) > 1 else ""
@@ -176,6 +181,52 @@ def build_plan(spec: SweepSpec, profile: ClusterProfile, runs_root: Path, extra:
         for r in plan.runs:
             r.view = runstate.inspect(r.run_dir, queue) if r.run_dir.exists() else None
     return plan
+
+
+def plan_memory(cfg: DictConfig, res, profile: ClusterProfile, world: int) -> MemoryEstimate:
+    """Decide the run's parallelism and check its per-GPU memory estimate against the profile's GPU.
+
+    The run's own ``run.parallel`` (ddp | fsdp) wins; ``auto`` takes the profile rule's ``parallel``, else DDP
+    when its estimate fits ``gpu_memory_gb``, else FSDP. The choice is written into ``cfg.run.parallel`` (so the
+    run's config.yaml states it). Raises ConfigError (one line with the numbers) when the estimate exceeds
+    ``gpu_memory_gb``.
+    """
+    from quartet.config import resolve
+
+    requested = str(cfg.run.parallel)
+    if requested == "auto":
+        requested = rule_for(profile, res.n_params).parallel or "auto"
+    ac = bool(cfg.run.activation_checkpointing)
+    gpu_gb = profile.gpu_memory_gb
+    mode, est = choose_parallel(resolve(cfg.copy(), world), world_size=world, gpu_memory_gb=gpu_gb,
+                                requested=requested, activation_checkpointing=ac)
+    if gpu_gb is not None and est.total > float(gpu_gb) * GB:
+        fixes = [] if mode == "fsdp" else ["run.parallel=fsdp"]
+        fixes += [] if ac else ["run.activation_checkpointing=true"]
+        fit = _micro_batch_that_fits(cfg, world, mode, ac, float(gpu_gb))
+        fixes += ([f"optim.micro_batch_size={fit}"] if fit else []) + ["a rule with more GPUs"]
+        raise ConfigError(f"per-GPU memory estimate {est.describe()} exceeds the {gpu_gb:g} GB GPU of profile "
+                          f"{profile.name}; try {' or '.join(fixes)}")
+    OmegaConf.set_readonly(cfg.run, False)
+    cfg.run.parallel = mode
+    return est
+
+
+def _micro_batch_that_fits(cfg: DictConfig, world: int, mode: str, ac: bool, gpu_gb: float) -> int | None:
+    """The largest micro-batch (halving the per-rank batch) whose estimate fits ``gpu_gb``; None if none does."""
+    from quartet.config import resolve
+    from quartet.memory import estimate_run
+
+    micro = resolve(cfg.copy(), world).batch_size // world
+    while micro >= 1:
+        c = cfg.copy()
+        OmegaConf.set_readonly(c, False)
+        c.optim.micro_batch_size = micro
+        if estimate_run(resolve(c, world), parallel=mode, world_size=world,
+                        activation_checkpointing=ac).total <= gpu_gb * GB:
+            return micro
+        micro //= 2
+    return None
 
 
 def write_run_config(run: PlannedRun, profile: ClusterProfile) -> Path:
@@ -212,6 +263,12 @@ def _si(x: float) -> str:
     return f"{x:.3g}"
 
 
+def _parallel_cell(r: PlannedRun) -> str:
+    """``ddp`` or ``fsdp/64`` (sharded over 64 ranks)."""
+    mode = str(r.cfg.run.parallel)
+    return f"{mode}/{r.memory.shards}" if r.memory and mode == "fsdp" else mode
+
+
 def render_plan(plan: Plan, console=None, max_rows: int | None = None) -> None:
     """Print the plan: per run N, D, steps, LR, FLOPs, hours, resources, state; then the arrays."""
     from rich.console import Console
@@ -221,12 +278,14 @@ def render_plan(plan: Plan, console=None, max_rows: int | None = None) -> None:
     prof = plan.profile
     dev = prof.device_label
     table = Table(title=f"sweep {plan.spec.name} -> {prof.name} ({prof.kind})", show_lines=False)
-    for col in ("run", "N", "D", "D/N", "steps", "LR", "FLOPs", f"{dev}s", f"{dev}-h", "state"):
+    for col in ("run", "N", "D", "D/N", "steps", "LR", "FLOPs", f"{dev}s", "parallel", f"GB/{dev}", f"{dev}-h",
+                "state"):
         table.add_column(col, justify="left" if col in ("run", "state") else "right", no_wrap=True)
     rows = plan.runs if max_rows is None else plan.runs[:max_rows]
     for r in rows:
         table.add_row(r.run_id, _si(r.n_params), _si(r.tokens), f"{r.tokens / r.n_params:.0f}", str(r.steps),
-                      f"{r.lr:.3g}", _si(r.flops), str(max(1, r.resources.gpus)), f"{r.hours:.3g}", r.state)
+                      f"{r.lr:.3g}", _si(r.flops), str(max(1, r.resources.gpus)), _parallel_cell(r),
+                      f"{r.memory.total / GB:.1f}" if r.memory else "-", f"{r.hours:.3g}", r.state)
     console.print(table)
     if max_rows is not None and len(plan.runs) > max_rows:
         console.print(f"... {len(plan.runs) - max_rows} more runs")
@@ -249,5 +308,10 @@ def render_plan(plan: Plan, console=None, max_rows: int | None = None) -> None:
             n_todo = sum(1 for m in members if m.to_submit)
             console.print(f"  {len(members):4d} runs ({n_todo} to submit)  {res.describe(prof)}"
                           f"  {dev}-h {sum(m.hours for m in members):.4g}")
+    if prof.gpu_memory_gb:
+        worst = max((r for r in plan.runs if r.memory), key=lambda r: r.memory.total, default=None)
+        if worst is not None:
+            console.print(f"memory: largest per-{dev} estimate {worst.memory.describe()} ({worst.run_id}), "
+                          f"{dev} memory {prof.gpu_memory_gb:g} GB")
     for note in plan.spec.notes:
         console.print(f"note: {note}")

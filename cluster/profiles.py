@@ -8,6 +8,10 @@ Resources per run come from an ordered list of rules keyed by the run's non-embe
 count N: the first rule with ``N <= max_params`` gives GPUs (one task per GPU), nodes, CPUs per task,
 memory and the time limit. Runs with equal resources form one job array.
 
+A rule may also fix the run's data parallelism (``parallel: ddp | fsdp``); without it the plan takes DDP
+when the run's per-GPU memory estimate (:mod:`quartet.memory`) fits ``gpu_memory_gb``, else FSDP2, and it
+refuses a run whose estimate under the chosen mode exceeds ``gpu_memory_gb`` (``null``: not checked).
+
 Local profiles (``kind: local``) run a process pool on this machine, one run per worker at a time:
 
 - ``gpus: 0`` (default): CPU only, ``workers`` processes with ``threads_per_worker`` torch threads each.
@@ -54,6 +58,9 @@ class ResourceRule:
     cpus_per_task: Optional[int] = None  # None: the profile's cpus_per_gpu (or cpus_per_task)
     mem_gb: Optional[float] = None  # per node; None: gpus_per_node_used * mem_per_gpu_gb
     time_min: Optional[int] = None  # None: the profile's time_min
+    # ddp | fsdp for runs of this rule; None: ddp when its per-GPU memory estimate fits gpu_memory_gb, else fsdp
+    # (a run's own run.parallel=ddp|fsdp wins over the rule)
+    parallel: Optional[str] = None
 
 
 @dataclass
@@ -90,6 +97,8 @@ class ClusterProfile:
     additional: dict[str, Any] = field(default_factory=dict)  # any other sbatch flag
     python: Optional[str] = None  # interpreter on the nodes (default: the launching one)
     # --- planning ---
+    # memory of one GPU: a run whose per-GPU estimate (quartet.memory) exceeds it is refused; None = unchecked
+    gpu_memory_gb: Optional[float] = None
     device_label: str = "GPU"
     peak_flops_per_gpu: float = 1.0e15
     mfu: float = 0.35
@@ -230,15 +239,22 @@ def describe_local(profile: ClusterProfile) -> str:
     return f"local, {n} GPU{'s' if n != 1 else ''} x {per}, {t} thread(s) each"
 
 
-def resources_for(profile: ClusterProfile, n_params: float) -> Resources:
-    """Apply the profile's per-size rule to a run with ``n_params`` non-embedding parameters."""
+def rule_for(profile: ClusterProfile, n_params: float) -> ResourceRule:
+    """The first rule of the profile with ``n_params <= max_params``; ConfigError when none covers it."""
     for rule in profile.resources:
         if n_params <= rule.max_params:
-            break
-    else:
-        raise ConfigError(
-            f"cluster profile {profile.name}: no resources rule covers N={n_params:.3g}; add a rule with a larger max_params"
-        )
+            if rule.parallel not in (None, "ddp", "fsdp"):
+                raise ConfigError(f"cluster profile {profile.name}: rule max_params={rule.max_params:g} has "
+                                  f"parallel={rule.parallel!r}; allowed: ddp, fsdp, null (by the memory estimate)")
+            return rule
+    raise ConfigError(
+        f"cluster profile {profile.name}: no resources rule covers N={n_params:.3g}; add a rule with a larger max_params"
+    )
+
+
+def resources_for(profile: ClusterProfile, n_params: float) -> Resources:
+    """Apply the profile's per-size rule to a run with ``n_params`` non-embedding parameters."""
+    rule = rule_for(profile, n_params)
     gpus = max(0, rule.gpus)
     nodes = max(1, rule.nodes)
     if profile.kind == "local":

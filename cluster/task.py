@@ -2,7 +2,7 @@
 
 :class:`RunTask` is the callable submitit pickles for Slurm. It needs only the run directory: the
 resolved ``config.yaml`` was written there before submission, and the trainer resumes from
-``ckpt/last.pt`` by itself, so a requeued job (by submitit after a signal, or by ``scontrol
+``ckpt/last.pt`` (the folder ``ckpt/last`` under FSDP) by itself, so a requeued job (by submitit after a signal, or by ``scontrol
 requeue``) simply calls it again.
 
 Preemption / time limit: Slurm sends USR2 ``signal_delay_s`` before the end; submitit's handler
@@ -20,7 +20,10 @@ holds the run's lock (:mod:`quartet.runlock`) while it trains, so a relaunch nev
 trainer on a run that is still being trained.
 
 Multi-GPU: with several tasks per job (one per GPU), ``submitit.helpers.TorchDistributedEnvironment``
-exports RANK / LOCAL_RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT, which the trainer reads for DDP.
+exports RANK / LOCAL_RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT from the Slurm environment (over all nodes
+of the job), which the trainer reads for DDP and FSDP alike; the run's config.yaml says which (``run.parallel``,
+chosen by the plan). On USR2 every rank stops at the same step boundary, so the sharded FSDP checkpoint, a
+collective, is written by all of them.
 """
 from __future__ import annotations
 

@@ -175,3 +175,173 @@ def load_latest(path: str | Path, map_location="cpu", warn: Callable[[str], obje
         moved = f" (kept as {path.name}.bad)"
     warn(f"checkpoint {last_err}{moved}; resuming from {prev.name} at step {state.get('step')}")
     return state, prev
+
+
+# ----------------------------------------------------------------------------------------------
+# Sharded checkpoints (run.parallel=fsdp): a torch.distributed.checkpoint (DCP) folder per generation
+# ----------------------------------------------------------------------------------------------
+#
+# ``ckpt/last/`` holds DCP's files (``.metadata`` and one ``__<rank>_<i>.distcp`` per writer) for the model
+# and optimizer, sharded as they were trained, plus ``meta.pt``: the rest of the state (step, scheduler,
+# sampler, RNG, ...) and the sha256 and size of every DCP file, written last by :func:`save_atomic`, so it
+# is itself checksummed. The same guarantees as one file:
+#
+# * **atomic, two generations**: every rank writes into ``last.tmp/``; once all have written and the files
+#   are hashed, rank 0 writes ``meta.pt``, drops ``prev/``, renames ``last/`` to ``prev/`` and ``last.tmp/`` to
+#   ``last/``. A crash at any moment leaves a complete ``last/`` or ``prev/`` (a folder without ``meta.pt`` is
+#   never trusted).
+# * **verified load with fallback**: a folder loads only if ``meta.pt`` passes its checksum and every DCP file
+#   has its recorded size and sha256 (the ranks hash the files between them); otherwise one warning names
+#   the folder and why, it is moved aside to ``last.bad/`` and ``prev/`` loads.
+# * **any world size**: DCP re-slices the saved tensors to the loading ranks' shards (save on 2, resume on 1).
+
+META = "meta.pt"
+
+
+def sharded_prev(folder: str | Path) -> Path:
+    """``ckpt/last`` -> ``ckpt/prev``."""
+    return Path(folder).with_name("prev")
+
+
+def _hash_file(path: Path) -> tuple[str, int]:
+    sha, n = hashlib.sha256(), 0
+    with open(path, "rb") as fh:
+        while chunk := fh.read(_CHUNK):
+            sha.update(chunk)
+            n += len(chunk)
+    return sha.hexdigest(), n
+
+
+def _hash_shared(folder: Path, names: list[str]) -> dict[str, tuple[str, int]]:
+    """sha256 and size of ``names`` in ``folder``, each rank hashing every world-th file; all ranks get all."""
+    import torch.distributed as dist
+
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    mine = {n: _hash_file(folder / n) if (folder / n).is_file() else ("missing", -1) for n in names[rank::world]}
+    if world == 1:
+        return mine
+    parts: list = [None] * world
+    dist.all_gather_object(parts, mine)
+    return {k: v for part in parts for k, v in part.items()}
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _rmtree(path: Path) -> None:
+    import shutil
+
+    if path.is_dir():
+        shutil.rmtree(path)
+    elif path.exists():
+        path.unlink()
+
+
+def save_sharded(model, optimizer, meta: dict, folder: str | Path) -> Path:
+    """Collective: save ``model`` / ``optimizer`` (sharded or not) with DCP and ``meta`` into ``folder``
+    (``ckpt/last``), the previous generation kept as ``ckpt/prev`` (see the section comment above)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    folder = Path(folder)
+    tmp = folder.with_name(folder.name + ".tmp")
+    if _rank() == 0:
+        _rmtree(tmp)  # a stale half-written attempt
+        tmp.mkdir(parents=True)
+    _barrier()
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
+    _barrier()
+    names = sorted(p.name for p in tmp.iterdir())
+    files = _hash_shared(tmp, names)
+    if _rank() == 0:
+        save_atomic({**meta, "files": files}, tmp / META)
+        _fsync_dir(tmp)
+        prev = sharded_prev(folder)
+        if folder.is_dir():
+            _rmtree(prev)
+            os.replace(folder, prev)
+        os.replace(tmp, folder)
+        _fsync_dir(folder.parent)
+    _barrier()
+    return folder
+
+
+def sharded_exists(folder: str | Path) -> bool:
+    """True when ``ckpt/last`` or ``ckpt/prev`` is there (a run to resume, whether or not it verifies)."""
+    return Path(folder).is_dir() or sharded_prev(folder).is_dir()
+
+
+def _verify_sharded(folder: Path) -> dict:
+    """Collective: ``meta.pt`` of ``folder`` after checking it and every DCP file; CheckpointError otherwise."""
+    import torch.distributed as dist
+
+    try:
+        meta = load(folder / META)
+        err = None
+    except CheckpointError as exc:
+        meta, err = None, str(exc)
+    if meta is not None:
+        want = meta.get("files", {})
+        got = _hash_shared(folder, sorted(want))
+        bad = [n for n in sorted(want) if tuple(got[n]) != tuple(want[n])]
+        if bad:
+            sizes = ", ".join(f"{n} ({'missing' if got[n][1] < 0 else f'{got[n][1]} of {want[n][1]} bytes'})"
+                              for n in bad[:3])
+            err = f"{folder}: {len(bad)} shard file(s) changed, truncated or missing since the save: {sizes}"
+    if dist.is_initialized():  # all ranks take the same branch
+        flags: list = [None] * dist.get_world_size()
+        dist.all_gather_object(flags, err)
+        err = next((f for f in flags if f), None)
+    if err:
+        raise CheckpointError(err)
+    return meta
+
+
+def load_sharded_latest(model, optimizer, folder: str | Path,
+                        warn: Callable[[str], object] | None = None) -> tuple[dict, Path]:
+    """Collective: restore ``model`` / ``optimizer`` in place from ``ckpt/last`` (else ``ckpt/prev``) at this
+    world size; returns ``(meta, folder used)``. Raises :class:`CheckpointError` when neither verifies."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    warn = warn or warnings.warn
+    folder = Path(folder)
+    prev = sharded_prev(folder)
+    errors = []
+    for i, candidate in enumerate((folder, prev)):
+        try:
+            meta = _verify_sharded(candidate) if candidate.is_dir() else None
+            if meta is None:
+                raise CheckpointError(f"{candidate}: missing")
+        except CheckpointError as exc:
+            errors.append(str(exc))
+            continue
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        state = {"model": model_sd, "optim": optim_sd}
+        dcp.load(state, checkpoint_id=str(candidate))
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        if i == 1:
+            moved = ""
+            if folder.is_dir():
+                _barrier()
+                if _rank() == 0:
+                    bad = folder.with_name(folder.name + ".bad")
+                    _rmtree(bad)
+                    os.replace(folder, bad)
+                moved = f" (kept as {folder.name}.bad)"
+                _barrier()
+            warn(f"checkpoint {errors[0]}{moved}; resuming from {prev.name} at step {meta.get('step')}")
+        return meta, candidate
+    raise CheckpointError(f"no usable checkpoint: {'; '.join(errors)}; delete {folder.parent} to restart the run "
+                          f"from step 0")

@@ -24,6 +24,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from quartet.errors import ConfigError
+from quartet.memory import PARALLEL_CHOICES
 from quartet.model import block_linear_names, ffn_hidden
 from quartet.paths import CONF_DIR
 from quartet.quant.config import PrecisionConfig, keep_bf16_matches
@@ -182,6 +183,12 @@ class RunConfig:
     compile_fused: bool = True
     #: CPU threads for torch (0 = torch's default); 1 is fastest when several runs share few cores
     threads: int = 0
+    #: data parallelism: ddp (whole model per rank) | fsdp (FSDP2: parameters, grads and Adam states sharded per
+    #: transformer block) | auto (ddp when its per-GPU memory estimate fits the GPU, else fsdp; a cluster plan
+    #: decides per size from its profile and writes ddp or fsdp here)
+    parallel: str = "auto"
+    #: recompute each block's activations in the backward (less memory, ~1/3 more compute)
+    activation_checkpointing: bool = False
 
 
 @dataclass
@@ -525,7 +532,8 @@ def resolve(cfg: DictConfig, world_size: int = 1) -> ResolvedRun:
                                 ("data.source", d.source, ("shakespeare", "files", "code", "hf")),
                                 ("data.tokenizer", d.tokenizer, ("bpe", "hf")),
                                 ("data.verify", d.verify, ("full", "size")),
-                                ("run.compile_mode", r.compile_mode, COMPILE_MODES)):
+                                ("run.compile_mode", r.compile_mode, COMPILE_MODES),
+                                ("run.parallel", r.get("parallel", "auto"), PARALLEL_CHOICES)):
         _require(value in allowed, f"{key}={value!r}: allowed: {', '.join(allowed)}")
     _require(0 < float(d.val_fraction) < 1, f"data.val_fraction={d.val_fraction}: allowed 0 < f < 1")
     _require(d.source != "files" or len(d.paths) > 0, "data.paths: source=files needs at least one file or folder")

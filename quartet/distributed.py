@@ -35,11 +35,19 @@ def world_size_from_env() -> int:
     return int(os.environ.get("WORLD_SIZE", "1") or 1)
 
 
-def setup(device_type: str) -> DistInfo:
-    """Initialise the process group when WORLD_SIZE > 1 (nccl on cuda, gloo on cpu); no-op otherwise."""
+def setup(device_type: str, single_group: bool = False) -> DistInfo:
+    """Initialise the process group when WORLD_SIZE > 1 (nccl on cuda, gloo on cpu); no-op otherwise.
+
+    ``single_group``: one process still gets a one-rank group (in-memory store, no rendezvous), which FSDP2
+    needs to shard over a mesh of one.
+    """
     world = world_size_from_env()
     if world <= 1:
-        return DistInfo()
+        if not single_group or dist.is_initialized():
+            return DistInfo()
+        dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo", store=dist.HashStore(),
+                                rank=0, world_size=1)
+        return DistInfo(initialized_here=True)
     rank = int(os.environ.get("RANK", "0"))
     local = int(os.environ.get("LOCAL_RANK", str(rank)))
     here = False
@@ -78,6 +86,7 @@ def any_rank(flag: bool, info: DistInfo, device) -> bool:
 
 
 def barrier(info: DistInfo) -> None:
+    """Wait for every rank (no-op with one)."""
     if info.enabled:
         dist.barrier()
 

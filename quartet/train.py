@@ -40,6 +40,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from quartet import checkpoint as ckpt_io
 from quartet import distributed as qdist
+from quartet import parallel as qpar
 from quartet import runlock
 from quartet.config import ResolvedRun, compose, load_config_file, resolve, to_container, to_yaml
 from quartet.data import WindowSampler, open_data, read_windows, val_windows
@@ -206,7 +207,10 @@ class Trainer:
             raise ConfigError("run.device=cuda: no CUDA device is visible; allowed: auto, cpu")
         if int(cfg.run.threads) > 0:
             torch.set_num_threads(int(cfg.run.threads))
-        self.dist = qdist.setup(dev_type)
+        # FSDP2 needs a process group even on one rank: decide the parallelism before setting up
+        self.parallel = qpar.resolve_mode(resolve(cfg.copy(), qdist.world_size_from_env()), str(cfg.run.parallel),
+                                          qdist.world_size_from_env(), dev_type, bool(cfg.run.activation_checkpointing))
+        self.dist = qdist.setup(dev_type, single_group=self.parallel == "fsdp")
         try:
             self._build(cfg, dev_type)
         except BaseException:
@@ -241,7 +245,8 @@ class Trainer:
 
         torch.manual_seed(int(cfg.run.seed))
         self.model = Llama.from_config(cfg.model, self.res.vocab_size, device=self.device)
-        decay_ids = {id(m.weight) for m in self.model.modules() if isinstance(m, BlockLinear)}
+        # by name: FSDP2 replaces the parameter objects (ids) but keeps their names
+        decay = {f"{n}.weight" for n, m in self.model.named_modules() if isinstance(m, BlockLinear)}
         from quartet import quant
 
         self.quant = quant
@@ -249,7 +254,12 @@ class Trainer:
         self.plan = quant.apply_precision(self.model, cfg.precision, seed=int(cfg.run.seed), device=self.device,
                                           traceable=bool(cfg.run.compile) and bool(cfg.run.get("compile_fused", True)))
         o = cfg.optim
-        fused = {"fused": True} if self.device.type == "cuda" else {}
+        fused = {"fused": True} if self.device.type == "cuda" else {}  # DTensor (FSDP2) shards take it too
+        # FSDP2 shards the parameters in place: wrap before the optimizer sees them
+        self.train_model: torch.nn.Module = qpar.wrap(self.model, self.parallel, self.device,
+                                                      world_size=self.dist.world_size, amp=bool(cfg.run.amp),
+                                                      activation_checkpointing=bool(cfg.run.activation_checkpointing))
+        decay_ids = {id(p) for n, p in self.model.named_parameters() if n in decay}
         self.optimizer = torch.optim.AdamW(param_groups(self.model, decay_ids, float(o.weight_decay)), lr=self.res.lr,
                                            betas=(float(o.beta1), float(o.beta2)), eps=float(o.eps), **fused)
         r = self.res
@@ -257,14 +267,6 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda t: lr_at(t, lr=r.lr, steps=r.steps, warmup=r.warmup_steps, div_factor=div,
                                             end_div=end_div) / r.lr)
-        self.train_model: torch.nn.Module = self.model
-        if self.dist.enabled:
-            from torch.nn.parallel import DistributedDataParallel as DDP
-
-            # No buffer broadcast: the model's buffers are deterministic, and the fused layers' draw buffers
-            # differ per rank on purpose (each rank's micro-batches have their own global numbers).
-            self.train_model = DDP(self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
-                                   broadcast_buffers=False)
         #: the compiled step is replayed as CUDA graphs (run.compile_mode=reduce-overhead)
         self.cuda_graphs = bool(cfg.run.compile) and str(cfg.run.compile_mode) == "reduce-overhead"
         if bool(cfg.run.compile):
@@ -284,31 +286,50 @@ class Trainer:
 
     @property
     def ckpt_path(self) -> Path:
-        return self.dir / "ckpt" / "last.pt"
+        """ckpt/last.pt, or the folder ckpt/last of a sharded (FSDP) checkpoint."""
+        return self.dir / "ckpt" / ("last" if self.parallel == "fsdp" else "last.pt")
 
     def save_checkpoint(self) -> None:
-        """Write ckpt/last.pt atomically with a checksum, the old one kept as ckpt/prev.pt (rank 0; all ranks wait)."""
-        if self.is_main:
+        """Write ckpt/last.pt atomically with a checksum, the old one kept as ckpt/prev.pt (rank 0; all ranks wait);
+        under FSDP every rank writes its shards into the folder ckpt/last (old one: ckpt/prev)."""
+        if self.is_main or self.parallel == "fsdp":
             state = {
                 "step": self.step, "run_id": self.run_id, "config_hash": self.config_hash,
-                "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(), "sampler": self.sampler.state_dict(),
                 "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
                         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
                 "elapsed_s": self.elapsed_prev + (time.time() - self._t_start if hasattr(self, "_t_start") else 0.0),
             }
-            ckpt_io.save_atomic(state, self.ckpt_path)
+            if self.parallel == "fsdp":  # collective: every rank writes its shards
+                ckpt_io.save_sharded(self.model, self.optimizer, state, self.ckpt_path)
+            else:
+                ckpt_io.save_atomic({**state, "model": self.model.state_dict(),
+                                     "optimizer": self.optimizer.state_dict()}, self.ckpt_path)
         qdist.barrier(self.dist)
+
+    def _check_ckpt_kind(self) -> None:
+        """Refuse (one line) a checkpoint written under the other parallelism rather than restart from step 0."""
+        ckpt = self.dir / "ckpt"
+        ours = ckpt_io.sharded_exists(ckpt / "last") if self.parallel == "fsdp" else ckpt_io.exists(ckpt / "last.pt")
+        theirs = ckpt_io.exists(ckpt / "last.pt") if self.parallel == "fsdp" else ckpt_io.sharded_exists(ckpt / "last")
+        if theirs and not ours:
+            other = "ddp" if self.parallel == "fsdp" else "fsdp"
+            raise QuartetError(f"{ckpt} holds a run.parallel={other} checkpoint; resume with run.parallel={other}")
 
     def _load_checkpoint(self) -> None:
         """Restore from ckpt/last.pt, or ckpt/prev.pt when last.pt is bad (one warning line; see quartet.checkpoint)."""
-        state, path = ckpt_io.load_latest(self.ckpt_path, map_location=self.device, move_bad=self.is_main,
-                                          warn=self.log.warning if self.is_main else (lambda _msg: None))
+        warn = self.log.warning if self.is_main else (lambda _msg: None)
+        if self.parallel == "fsdp":  # collective; re-sliced to this world size
+            state, path = ckpt_io.load_sharded_latest(self.model, self.optimizer, self.ckpt_path, warn=warn)
+        else:
+            state, path = ckpt_io.load_latest(self.ckpt_path, map_location=self.device, move_bad=self.is_main,
+                                              warn=warn)
         if state.get("config_hash") != self.config_hash:
             raise QuartetError(f"checkpoint {path} belongs to another config (hash "
                                f"{str(state.get('config_hash'))[:8]} != {self.config_hash[:8]}); move it away")
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        if self.parallel != "fsdp":  # the sharded load restored model and optimizer in place
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.sampler.load_state_dict(state["sampler"])
         rng = state["rng"]
@@ -396,16 +417,17 @@ class Trainer:
         mb = self.res.micro_batch_size
         if max_batches is not None:
             wins = wins[: max_batches * mb]
-        mine = wins[self.dist.rank::self.dist.world_size]
         self.model.eval()
         total = torch.zeros(2, dtype=torch.float64, device=self.device)
-        for i in range(0, len(mine), mb):
-            x, y = read_windows(self.data.val, mine[i:i + mb], self.res.seq_len, self.res.vocab_size)
+        for chunk, counted in qpar.eval_batches(wins, rank=self.dist.rank, world_size=self.dist.world_size, micro=mb,
+                                                lockstep=self.parallel == "fsdp"):
+            x, y = read_windows(self.data.val, chunk, self.res.seq_len, self.res.vocab_size)
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
             with self._autocast():
                 loss_sum = self.model(x, y, reduction="sum")
-            total[0] += loss_sum.double()
-            total[1] += y.numel()
+            if counted:
+                total[0] += loss_sum.double()
+                total[1] += y.numel()
         self.model.train()
         total = qdist.all_reduce_sum(total, self.dist)
         return float(total[0] / total[1])
@@ -482,8 +504,7 @@ class Trainer:
         self.quant.set_step(self.model, self.step + 1, first_call=r * len(batches))
         loss_acc = torch.zeros((), device=self.device, dtype=torch.float32)
         for i, (x, y) in enumerate(batches):
-            sync = (i == len(batches) - 1) or not self.dist.enabled
-            ctx = contextlib.nullcontext() if sync else self.train_model.no_sync()
+            ctx = qpar.micro_batch_context(self.train_model, last=i == len(batches) - 1)
             self.quant.begin_micro_batch(self.model, i)
             if self.cuda_graphs:
                 torch.compiler.cudagraph_mark_step_begin()  # the last micro-batch's outputs are consumed
@@ -501,7 +522,7 @@ class Trainer:
                         p.grad = p.grad.clone()
         loss_mean = qdist.all_reduce_mean(loss_acc / len(batches), self.dist)
         clip = float(self.cfg.optim.grad_clip)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip if clip > 0 else float("inf"))
+        grad_norm = qpar.clip_grad_norm_(self.model.parameters(), clip if clip > 0 else float("inf"))
         loss_v, gn_v = float(loss_mean), float(grad_norm)
         if not math.isfinite(loss_v) or not math.isfinite(gn_v):
             what = "loss" if not math.isfinite(loss_v) else "gradient norm"
@@ -616,7 +637,8 @@ class Trainer:
                 OmegaConf.save(self.cfg, self.dir / "config.yaml", resolve=True)
                 write_json_atomic(self.dir / "env.json", environment_info(self.device))
                 write_json_atomic(self.dir / "quant_map.json", self.plan.to_dict())
-            if ckpt_io.exists(self.ckpt_path):
+            self._check_ckpt_kind()
+            if (ckpt_io.sharded_exists if self.parallel == "fsdp" else ckpt_io.exists)(self.ckpt_path):
                 resuming = True  # until loaded, self.step (0) is not the run's step: keep the recorded one
                 self._load_checkpoint()
                 resuming = False
@@ -783,6 +805,7 @@ def cli_main(argv: list[str] | None = None) -> int:
         if args.print_config:
             print(to_yaml(cfg), end="")
             print(f"# run_id: {run_id(cfg)}\n# run_dir: {run_dir(cfg)}")
+            print(qpar.describe(cfg, qdist.world_size_from_env()))
             return 0
         trainer = Trainer(cfg)
         _install_stop_signals(trainer)

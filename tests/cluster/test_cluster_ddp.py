@@ -1,4 +1,4 @@
-"""Multi-task plumbing on CPU: RunTask under submitit with 2 tasks -> torch.distributed (gloo) DDP.
+"""Multi-task plumbing on CPU: RunTask under submitit with 2 tasks -> torch.distributed (gloo) DDP or FSDP2.
 
 The same run trained by 1 task and by 2 tasks must give the same loss curve up to reduction order.
 """
@@ -35,13 +35,14 @@ def losses(run_dir: Path) -> list[float]:
     return [r["loss"] for r in rows if "loss" in r]
 
 
-def train_with_tasks(tmp_path: Path, tasks: int) -> Path:
+def train_with_tasks(tmp_path: Path, tasks: int, profile_overrides: tuple[str, ...] = (), name: str = "") -> Path:
     (tmp_path / "ddp.yaml").write_text(SWEEP)
     spec = load_sweep(str(tmp_path / "ddp.yaml"))
-    plan = build_plan(spec, load_profile("local"), tmp_path / f"runs{tasks}", with_state=False)
+    plan = build_plan(spec, load_profile("local", list(profile_overrides)), tmp_path / f"runs{tasks}{name}",
+                      with_state=False)
     (run,) = plan.runs
     write_run_config(run, plan.profile)
-    ex = submitit.LocalExecutor(folder=tmp_path / f"submitit{tasks}")
+    ex = submitit.LocalExecutor(folder=tmp_path / f"submitit{tasks}{name}")
     ex.update_parameters(tasks_per_node=tasks, timeout_min=10)
     job = ex.submit(RunTask(run.run_dir))
     results = job.results()  # one per task
@@ -63,6 +64,22 @@ def test_two_gloo_tasks_match_one_process(tmp_path, monkeypatch):
     sa = json.loads((one / "summary.json").read_text())
     sb = json.loads((two / "summary.json").read_text())
     assert abs(sa["val_loss"] - sb["val_loss"]) < 1e-4
+
+
+@pytest.mark.timeout(240)
+def test_two_gloo_tasks_run_fsdp_when_the_profile_rule_says_so(tmp_path, monkeypatch):
+    """A rule with ``parallel: fsdp`` puts run.parallel=fsdp into the run's config.yaml; RunTask's 2 submitit tasks
+    then train it sharded (a DCP folder per generation) and match a 1-task DDP run."""
+    from omegaconf import OmegaConf
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    one = train_with_tasks(tmp_path, 1)
+    two = train_with_tasks(tmp_path, 2, ("resources=[{max_params: .inf, gpus: 0, parallel: fsdp}]",), "fsdp")
+    assert OmegaConf.load(two / "config.yaml").run.parallel == "fsdp"
+    assert (two / "ckpt" / "last" / "__1_0.distcp").is_file() and not (two / "ckpt" / "last.pt").exists()
+    a, b = losses(one), losses(two)
+    assert len(a) == len(b) == 20
+    assert max(abs(x - y) for x, y in zip(a, b)) < 1e-4
 
 
 def test_ddp_check_bundle_gives_both_runs_the_same_micro_batches(tmp_path):

@@ -188,3 +188,89 @@ def test_crash_while_saving_leaves_a_loadable_checkpoint(tiny_cfg, tmp_path, mon
     resume_and_check(cfg, d, ref, first_step=5)
     if moment == "between-renames":
         assert any("last.pt: missing; resuming from prev.pt at step 4" in w for w in warnings_in_log(d))
+
+
+# -- sharded checkpoints (run.parallel=fsdp): a DCP folder per generation --------------------------------------
+
+
+def _model_and_optimizer(value: float):
+    model = torch.nn.Linear(8, 4, bias=False)
+    with torch.no_grad():
+        model.weight.fill_(value)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1, weight_decay=0.0)
+    model(torch.ones(2, 8)).sum().backward()
+    opt.step()  # Adam states exist
+    return model, opt
+
+
+def test_sharded_save_rotates_verifies_and_falls_back(tmp_path):
+    """Two generations as folders; a stale last.tmp is replaced; a damaged shard or a missing meta.pt is refused
+    (one line) and prev/ loads, the bad folder kept as last.bad/; with neither usable, one line naming both."""
+    last = tmp_path / "ckpt" / "last"
+    (tmp_path / "ckpt" / "last.tmp").mkdir(parents=True)
+    (tmp_path / "ckpt" / "last.tmp" / "junk").write_text("a crashed save")
+    for step in (1, 2):
+        model, opt = _model_and_optimizer(float(step))
+        ckpt_io.save_sharded(model, opt, {"step": step}, last)
+    assert ckpt_io.sharded_exists(last) and not (tmp_path / "ckpt" / "last.tmp").exists()
+    assert ckpt_io.load(last / "meta.pt")["step"] == 2 and ckpt_io.load(last.with_name("prev") / "meta.pt")["step"] == 1
+    assert set(ckpt_io.load(last / "meta.pt")["files"]) == {".metadata", "__0_0.distcp"}
+
+    model, opt = _model_and_optimizer(0.0)
+    meta, used = ckpt_io.load_sharded_latest(model, opt, last)
+    assert meta["step"] == 2 and used == last and float(model.weight.detach()[0, 0]) == pytest.approx(2.0 - 0.1, abs=1e-3)
+
+    flip_byte(last / "__0_0.distcp")
+    seen: list[str] = []
+    meta, used = ckpt_io.load_sharded_latest(model, opt, last, warn=seen.append)
+    assert meta["step"] == 1 and used.name == "prev" and (tmp_path / "ckpt" / "last.bad").is_dir()
+    assert len(seen) == 1 and "__0_0.distcp" in seen[0] and "resuming from prev at step 1" in seen[0]
+    assert float(model.weight.detach()[0, 0]) == pytest.approx(1.0 - 0.1, abs=1e-3)
+
+    (last.with_name("prev") / "meta.pt").unlink()  # a folder whose save never finished
+    with pytest.raises(ckpt_io.CheckpointError) as err:
+        ckpt_io.load_sharded_latest(model, opt, last)
+    assert "\n" not in str(err.value) and "prev/meta.pt: missing" in str(err.value).replace("\\", "/")
+
+
+def test_sharded_crash_between_renames_leaves_prev(tmp_path, monkeypatch):
+    last = tmp_path / "ckpt" / "last"
+    for step in (1, 2):
+        ckpt_io.save_sharded(*_model_and_optimizer(float(step)), {"step": step}, last)
+    real_replace = os.replace
+
+    def replace(src, dst):  # killed after last/ -> prev/, before last.tmp/ -> last/
+        if Path(dst).name == "last":
+            raise OSError("simulated crash between the renames")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    with pytest.raises(OSError, match="simulated crash"):
+        ckpt_io.save_sharded(*_model_and_optimizer(3.0), {"step": 3}, last)
+    monkeypatch.undo()
+    assert not last.exists() and ckpt_io.sharded_exists(last)
+    seen: list[str] = []
+    meta, _ = ckpt_io.load_sharded_latest(*_model_and_optimizer(0.0), last, warn=seen.append)
+    assert meta["step"] == 2 and "last: missing; resuming from prev at step 2" in seen[0]
+
+
+def test_fsdp_preempted_run_resumes_exactly(tiny_cfg, tmp_path):
+    """run.parallel=fsdp on one process: stopped at step 5 (sharded checkpoint), resumed, equal to a plain run."""
+    ref_cfg = tiny_cfg(*OVER, f"run.out_dir={tmp_path / 'ref'}")
+    Trainer(ref_cfg).run()
+    ref = (rows(run_dir(ref_cfg)), json.loads((run_dir(ref_cfg) / "summary.json").read_text())["val_loss"])
+    cfg = tiny_cfg(*OVER, "run.parallel=fsdp")
+    t = Trainer(cfg)
+    t.callbacks.append(stop_at(5))
+    assert t.run()["state"] == "preempted"
+    d = run_dir(cfg)
+    assert ckpt_io.load(d / "ckpt" / "last" / "meta.pt")["step"] == 5
+    assert ckpt_io.load(d / "ckpt" / "prev" / "meta.pt")["step"] == 4
+    resume_and_check(cfg, d, ref, first_step=6)
+    # the other kind of checkpoint is never taken for none: one line saying how to resume
+    cfg_ddp = tiny_cfg(*OVER, "run.parallel=ddp", "budget.tokens=12288")
+    ddp_dir = run_dir(cfg_ddp)
+    (ddp_dir / "ckpt").mkdir(parents=True)
+    os.rename(d / "ckpt" / "last", ddp_dir / "ckpt" / "last")
+    with pytest.raises(QuartetError, match=r"holds a run.parallel=fsdp checkpoint; resume with run.parallel=fsdp"):
+        Trainer(cfg_ddp).run()

@@ -7,9 +7,6 @@ accumulated micro-batches), which perturbs values at the ~1e-7 relative level pe
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,30 +15,20 @@ from quartet.config import compose
 from quartet.runs import run_dir
 from quartet.train import Trainer
 
-REPO = Path(__file__).resolve().parents[2]
-
-
 def _losses(d: Path) -> list[tuple[int, float]]:
     rows = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
     return [(r["step"], r["loss"]) for r in rows if "loss" in r]
 
 
 @pytest.mark.parametrize("precision", ["bf16", "quartet"])
-def test_two_gloo_processes_match_one_process(tmp_path, tiny_overrides, precision):
+def test_two_gloo_processes_match_one_process(tmp_path, tiny_overrides, torchrun2, precision):
     # quartet: rank r's micro-batches must draw the random Hadamard signs of global micro-batches
     # r*accum.., else the curves drift apart (seen on 2 H200s before the fix: 5e-2 within 30 steps).
     over = [*tiny_overrides, "optim.micro_batch_size=4", "budget.tokens=4096", f"precision={precision}"]
     single = compose([*over, f"run.out_dir={tmp_path / 'one'}"])
     Trainer(single).run()
 
-    env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(k, None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "quartet.cli", "train", *over, f"run.out_dir={tmp_path / 'two'}"]
-    out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
-    ddp_dir = run_dir(compose([*over, f"run.out_dir={tmp_path / 'two'}"]))
+    ddp_dir = torchrun2(over, tmp_path / "two")
     one, two = _losses(run_dir(single)), _losses(ddp_dir)
     assert [s for s, _ in one] == [s for s, _ in two] == list(range(1, 9))
     for (s, a), (_, b) in zip(one, two):
