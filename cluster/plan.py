@@ -54,7 +54,9 @@ class PlannedRun:
             return "done"
         if v.state == "corrupt":
             return "corrupt"
-        if v.live:
+        if v.live or v.state == "running":
+            # still "running" after inspect: a trainer nobody could show gone (a standalone `quartet train` on
+            # another host, whose lock this host cannot see); submitting it would overwrite its state.json
             return "running"
         return v.state if v.state in {"failed", "preempted", "cancelled"} else "new"
 

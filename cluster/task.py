@@ -352,6 +352,7 @@ def local_worker(run_dir: str, job_id: str) -> LocalResult:
         except OSError:
             pass
     saved = os.dup(1), os.dup(2)
+    log_existed = (run_path / "stdout.log").exists()
     log = open(run_path / "stdout.log", "a")
     _run_finished.clear()
     # the trainer writes it into the run lock, so the lock names the launch that started the run
@@ -386,6 +387,10 @@ def local_worker(run_dir: str, job_id: str) -> LocalResult:
         os.close(saved[0])
         os.close(saved[1])
         log.close()
+        if skipped and not log_existed:
+            # refused by the run lock: the stdout.log this call created holds nothing of the run's (its trainer
+            # is a `quartet train` or a worker that opened the log before us), so leave the folder as it was
+            (run_path / "stdout.log").unlink(missing_ok=True)
         if not skipped:
             try:
                 stop_file.unlink()

@@ -4,7 +4,10 @@ Loop per optimizer step (the paper's recipe): take the next ``batch_size`` windo
 sampler, split them over ranks and micro-batches (gradient accumulation), forward under BF16 autocast
 on CUDA (fp32 on CPU), backward, clip the global grad norm to ``optim.grad_clip``, AdamW step, LR
 schedule step. A non-finite loss or gradient stops the run before the update and names the step and
-the first module whose output (or gradient) went non-finite. Files follow docs/ARCHITECTURE.md.
+the first module whose output (or gradient) went non-finite. Files follow docs/ARCHITECTURE.md; everything
+the run writes besides its checkpoints (state, metrics, summary, logs, wandb, the non-finite diagnosis) is
+:mod:`quartet.recorder`'s, so this module reads as the loop: build (model, precision, optimizer) → wrap
+(DDP, compile) → step → checkpoint.
 
 The LR schedule is torch's OneCycleLR with ``anneal_strategy='cos'``, ``div_factor=100`` and
 ``final_div_factor=0.1`` as in the paper's code, written out in :func:`lr_at` so it needs no guard for
@@ -15,28 +18,17 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime as _dt
-import json
-import logging
 import math
-import os
-import platform
 import random
-import secrets
 import signal
-import socket
-import string
-import subprocess
 import sys
 import threading
 import time
-import traceback
-import warnings
 from pathlib import Path
 
 import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from quartet import checkpoint as ckpt_io
 from quartet import distributed as qdist
@@ -46,12 +38,8 @@ from quartet.config import ResolvedRun, compose, load_config_file, resolve, to_c
 from quartet.data import WindowSampler, open_data, read_windows, val_windows
 from quartet.errors import NonFiniteError, QuartetError
 from quartet.model import BlockLinear, Llama
-from quartet.paths import REPO_ROOT
-from quartet.proc import process_start
+from quartet.recorder import RunRecorder, diagnose_non_finite, make_summary
 from quartet.runs import config_hash, run_dir, run_id
-
-STATES = ("pending", "running", "preempted", "failed", "completed")
-
 
 # ----------------------------------------------------------------------------------------------
 # Schedule and optimizer
@@ -87,101 +75,6 @@ def param_groups(model: torch.nn.Module, decay_ids: set[int], weight_decay: floa
         if p.requires_grad:
             (decay if id(p) in decay_ids else no_decay).append(p)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
-# ----------------------------------------------------------------------------------------------
-# Small file helpers
-# ----------------------------------------------------------------------------------------------
-
-
-def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-
-
-def write_json_atomic(path: Path, obj) -> None:
-    """JSON written to a tmp file and os.replace'd (readers never see a partial file)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, default=str))
-    os.replace(tmp, path)
-
-
-def environment_info(device: torch.device) -> dict:
-    """Versions and host recorded in env.json (python, torch, CUDA, Triton, git commit...)."""
-    from importlib import metadata
-
-    def version(pkg: str):
-        try:
-            return metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            return None
-
-    def git(*args: str):
-        try:
-            out = subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
-            return out.stdout.strip() if out.returncode == 0 else None
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-
-    from quartet import __version__
-
-    info = {
-        "python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
-        "cudnn": torch.backends.cudnn.version() if torch.cuda.is_available() else None,
-        "triton": version("triton") or version("pytorch-triton"), "numpy": np.__version__,
-        "quartet": __version__, "git_commit": git("rev-parse", "HEAD"),
-        "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
-        "host": socket.gethostname(), "platform": platform.platform(), "device": str(device),
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor(),
-        "torch_threads": torch.get_num_threads(), "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
-        "world_size": qdist.world_size_from_env(), "recorded": _now(),
-    }
-    return info
-
-
-class WandbMirror:
-    """Mirrors metrics to wandb; every call is guarded so wandb can never stop or hang the run for long."""
-
-    def __init__(self, wcfg, directory: Path, name: str, config: dict, log: logging.Logger):
-        self.run = None
-        self.log = log
-        self.id: str | None = None
-        if wcfg.mode == "disabled":
-            return
-        id_file = directory / "wandb_id"
-        if id_file.is_file() and id_file.read_text().strip():
-            self.id = id_file.read_text().strip()
-        else:
-            alphabet = string.ascii_lowercase + string.digits
-            self.id = "".join(secrets.choice(alphabet) for _ in range(8))
-            id_file.write_text(self.id + "\n")
-        try:
-            import wandb
-
-            settings = wandb.Settings(init_timeout=float(wcfg.init_timeout), silent=True, console="off")
-            self.run = wandb.init(project=wcfg.project, entity=wcfg.entity, name=name, id=self.id, resume="allow",
-                                  dir=str(directory), mode=wcfg.mode, config=config, tags=list(wcfg.tags),
-                                  settings=settings, reinit="finish_previous")
-        except Exception as exc:  # noqa: BLE001 - an unreachable or broken wandb must not stop training
-            log.warning("wandb disabled for this run: %s: %s", type(exc).__name__, str(exc).splitlines()[0][:200])
-            self.run = None
-
-    def log_row(self, row: dict, step: int) -> None:
-        if self.run is None:
-            return
-        try:
-            self.run.log(row, step=step)
-        except Exception as exc:  # noqa: BLE001
-            self.log.warning("wandb log failed, mirror stopped: %s", exc)
-            self.run = None
-
-    def finish(self, exit_code: int = 0) -> None:
-        if self.run is None:
-            return
-        try:
-            self.run.finish(exit_code=exit_code)
-        except Exception as exc:  # noqa: BLE001
-            self.log.warning("wandb finish failed: %s", exc)
-        self.run = None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -231,12 +124,11 @@ class Trainer:
         #: (a launcher records its job in state.json there, so a refused duplicate never touches it)
         self.on_start: list = []
         self._lock = None
-        self._pid_start = process_start(os.getpid())  # recorded in state.json: status tells pid reuse apart
         self.step = 0
         self.elapsed_prev = 0.0
-        self.log = logging.getLogger(f"quartet.train.{self.run_id}.{id(self)}")
-        self.log.propagate = False
-        self.log.setLevel(logging.INFO)
+        #: the run directory's files other than checkpoints (state, metrics, summary, logs, wandb)
+        self.record = RunRecorder(self.dir, self.run_id, self.res.steps, self.is_main)
+        self.log = self.record.log
 
         progress = bool(cfg.logging.progress) and self.is_main
         self.data = open_data(cfg.data, progress=progress and sys.stderr.isatty())
@@ -267,17 +159,22 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda t: lr_at(t, lr=r.lr, steps=r.steps, warmup=r.warmup_steps, div_factor=div,
                                             end_div=end_div) / r.lr)
+        self.train_model = self._compiled(self.train_model)
         #: the compiled step is replayed as CUDA graphs (run.compile_mode=reduce-overhead)
         self.cuda_graphs = bool(cfg.run.compile) and str(cfg.run.compile_mode) == "reduce-overhead"
-        if bool(cfg.run.compile):
-            # bf16, the FP8 layer and the fused Quartet layer (as registered operators) compile whole; the
-            # operand-by-operand QuantLinear of other schemes runs eagerly between compiled regions.
-            self.train_model = torch.compile(self.train_model, mode=str(cfg.run.compile_mode))
         if self.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
         self.amp = self.device.type == "cuda" and bool(cfg.run.amp)
         self.accum = r.accum_steps(self.dist.world_size)
+
+    def _compiled(self, module: torch.nn.Module) -> torch.nn.Module:
+        """The module the step runs, compiled when run.compile (after DDP / FSDP2 wrapping, quartet.parallel.wrap)."""
+        if not bool(self.cfg.run.compile):
+            return module
+        # bf16, the FP8 layer and the fused Quartet layer (as registered operators) compile whole; the
+        # operand-by-operand QuantLinear of other schemes runs eagerly between compiled regions.
+        return torch.compile(module, mode=str(self.cfg.run.compile_mode))
 
     # -- public API --------------------------------------------------------------------------
     def request_stop(self) -> None:
@@ -341,70 +238,6 @@ class Trainer:
         self.step = int(state["step"])
         self.elapsed_prev = float(state.get("elapsed_s", 0.0))
 
-    # -- files -------------------------------------------------------------------------------
-    def _write_state(self, state: str, error: str | None = None, keep_step: bool = False) -> None:
-        """Replace state.json; ``keep_step`` keeps its recorded step (the checkpoint could not be loaded)."""
-        if not self.is_main:
-            return
-        path = self.dir / "state.json"
-        prev = {}
-        if path.is_file():
-            with contextlib.suppress(Exception):
-                prev = json.loads(path.read_text())
-        write_json_atomic(path, {
-            "state": state, "step": prev.get("step", self.step) if keep_step else self.step,
-            "total_steps": self.res.steps, "updated": _now(), "error": error,
-            "job_id": os.environ.get("SLURM_JOB_ID") or prev.get("job_id"), "host": socket.gethostname(),
-            "run_id": self.run_id, "pid": os.getpid(), "pid_start": self._pid_start,
-        })
-
-    def _setup_logging(self) -> None:
-        fmt = logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%Y-%m-%d %H:%M:%S")
-        self._handlers = []
-        if self.is_main:
-            for h in (logging.FileHandler(self.dir / "train.log"), logging.StreamHandler(sys.stdout)):
-                h.setFormatter(fmt)
-                self.log.addHandler(h)
-                self._handlers.append(h)
-        else:
-            self.log.setLevel(logging.WARNING)
-
-    def _close_logging(self) -> None:
-        for h in getattr(self, "_handlers", []):
-            self.log.removeHandler(h)
-            h.close()
-
-    def _metrics_rows(self) -> list[tuple[str, dict]]:
-        """(line, row) of each complete row of metrics.jsonl; QuartetError naming a line that is not a row.
-
-        A torn last line (a crash mid-write) is not JSON and is skipped; valid JSON that is not an object
-        with a numeric step was put there by something else, and the file is left as it is.
-        """
-        path = self.dir / "metrics.jsonl"
-        if not path.is_file():
-            return []
-        rows = []
-        for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if not isinstance(row, dict) or not isinstance(row.get("step", 0), (int, float)):
-                raise QuartetError(f"{path}: line {number} is {line.strip()[:40]!r}, not a metrics row (a JSON object "
-                                   f"with a numeric step); delete or fix that line, then run the same command again")
-            rows.append((line, row))
-        return rows
-
-    def _truncate_metrics(self) -> None:
-        """Drop metric rows newer than the checkpoint (written before a crash, recomputed on resume)."""
-        path = self.dir / "metrics.jsonl"
-        if not path.is_file():
-            return
-        keep = [line for line, row in self._metrics_rows() if row.get("step", 0) <= self.step]
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text("".join(k + "\n" for k in keep))
-        os.replace(tmp, path)
-
     # -- evaluation --------------------------------------------------------------------------
     def _autocast(self):
         return torch.autocast("cuda", dtype=torch.bfloat16) if self.amp else contextlib.nullcontext()
@@ -431,63 +264,6 @@ class Trainer:
         self.model.train()
         total = qdist.all_reduce_sum(total, self.dist)
         return float(total[0] / total[1])
-
-    # -- non-finite diagnosis ----------------------------------------------------------------
-    def _diagnose(self, batches: list[tuple[torch.Tensor, torch.Tensor]], what: str) -> str:
-        """Re-run the step's micro-batches with hooks; name the first module whose output / gradient is non-finite."""
-        model = self.model
-        found: dict[str, str] = {}
-        handles = []
-
-        def bad(t) -> bool:
-            return isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(torch.isfinite(t).all())
-
-        def fwd_hook(name):
-            def hook(_mod, _inp, out):
-                if "forward" not in found and any(bad(o) for o in (out if isinstance(out, (tuple, list)) else (out,))):
-                    found["forward"] = name
-            return hook
-
-        def bwd_hook(name):
-            def hook(_mod, _gin, gout):
-                if "backward" not in found and any(bad(g) for g in gout):
-                    found["backward"] = name
-            return hook
-
-        for name, mod in model.named_modules():
-            if name:
-                handles.append(mod.register_forward_hook(fwd_hook(name)))
-                handles.append(mod.register_full_backward_hook(bwd_hook(name)))
-        try:
-            for i, (x, y) in enumerate(batches):
-                self.quant.begin_micro_batch(model, i)  # the same draws as the failed step
-                self.optimizer.zero_grad(set_to_none=True)
-                with self._autocast():
-                    loss = model(x, y)
-                if "forward" not in found and bad(loss):
-                    found["forward"] = "loss (cross-entropy)"
-                if "forward" not in found:
-                    with warnings.catch_warnings():  # "no inputs require gradients" on the first module: expected
-                        warnings.simplefilter("ignore", UserWarning)
-                        loss.backward()
-                if found:
-                    break
-        except RuntimeError as exc:  # hooks on exotic modules may refuse; report what we have
-            found.setdefault("note", f"diagnosis stopped: {exc}".splitlines()[0])
-        finally:
-            for h in handles:
-                h.remove()
-        bad_params = [n for n, p in model.named_parameters() if p.grad is not None and bad(p.grad)]
-        self.optimizer.zero_grad(set_to_none=True)
-        if "forward" in found:
-            where = f"first non-finite forward output in module '{found['forward']}'"
-        elif "backward" in found:
-            where = f"first non-finite gradient (backward order) at module '{found['backward']}'"
-        else:
-            where = "not reproduced when re-running this rank's micro-batches with hooks"
-        if bad_params:
-            where += f"; parameters with non-finite grads: {', '.join(bad_params[:5])}" + (" ..." if len(bad_params) > 5 else "")
-        return f"non-finite {what} at step {self.step + 1}: {where}"
 
     # -- the loop ----------------------------------------------------------------------------
     def _step(self) -> tuple[float, float]:
@@ -526,41 +302,13 @@ class Trainer:
         loss_v, gn_v = float(loss_mean), float(grad_norm)
         if not math.isfinite(loss_v) or not math.isfinite(gn_v):
             what = "loss" if not math.isfinite(loss_v) else "gradient norm"
-            raise NonFiniteError(self._diagnose(batches, what))
+            raise NonFiniteError(diagnose_non_finite(self.model, self.optimizer, self.quant, self._autocast, batches,
+                                                     what, self.step + 1))
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
         return loss_v, gn_v
-
-    def _data_identity(self) -> dict:
-        """What the run trained on, as the data manifest states it (corpus content hash, tokens)."""
-        man = self.data.manifest
-        ident = {"key": man.get("key"), "train_tokens": man.get("splits", {}).get("train", {}).get("tokens"),
-                 "tokenizer_sha256": man.get("tokenizer", {}).get("sha256")}
-        corpus = man.get("corpus")
-        if isinstance(corpus, dict):
-            ident.update(corpus_sha256=corpus.get("sha256"), corpus_files=corpus.get("files"),
-                         corpus_bytes=corpus.get("bytes"))
-        return ident
-
-    def _device_name(self) -> str:
-        return torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
-
-    def _completed_summary(self) -> dict | None:
-        """The run's summary.json (None when absent); QuartetError when it exists but is not a JSON object,
-        so a finished run is never silently trained again (and its metrics never get a second final row)."""
-        path = self.dir / "summary.json"
-        if not path.is_file():
-            return None
-        try:
-            summary = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):  # ValueError: JSONDecodeError and UnicodeDecodeError
-            summary = None
-        if not isinstance(summary, dict):
-            raise QuartetError(f"{path} is corrupt (not a JSON object) and marks the run as finished; restore it, "
-                               f"or delete it to train the run again")
-        return summary
 
     def run(self) -> dict:
         """Train to the end (or until request_stop); returns the summary (with "state") or a preempted record.
@@ -594,9 +342,9 @@ class Trainer:
     def _done_or_check(self) -> dict | None:
         """The summary of a completed run, else None; QuartetError (after teardown) on a corrupt file."""
         try:  # checked before anything is written: a corrupt file stops the run with state.json untouched
-            done = self._completed_summary()
+            done = self.record.completed_summary()
             if done is None:
-                self._metrics_rows()
+                self.record.metrics_rows()
         except QuartetError:
             qdist.teardown(self.dist)
             raise
@@ -629,25 +377,17 @@ class Trainer:
         if self.is_main:
             (self.dir / "ckpt").mkdir(parents=True, exist_ok=True)
         qdist.barrier(self.dist)
-        self._setup_logging()
-        wandb = None
+        self.record.open_log()
         resuming = False
         try:
-            if self.is_main:
-                OmegaConf.save(self.cfg, self.dir / "config.yaml", resolve=True)
-                write_json_atomic(self.dir / "env.json", environment_info(self.device))
-                write_json_atomic(self.dir / "quant_map.json", self.plan.to_dict())
+            self.record.write_start_files(self.cfg, self.device, self.plan)
             self._check_ckpt_kind()
             if (ckpt_io.sharded_exists if self.parallel == "fsdp" else ckpt_io.exists)(self.ckpt_path):
                 resuming = True  # until loaded, self.step (0) is not the run's step: keep the recorded one
                 self._load_checkpoint()
                 resuming = False
                 self.log.info("resuming %s from step %d/%d", self.run_id, self.step, self.res.steps)
-            if self.is_main:
-                self._truncate_metrics()
-                self._write_state("running")
-                wandb = WandbMirror(self.cfg.logging.wandb, self.dir, self.run_id,
-                                    {**to_container(self.cfg), "run_id": self.run_id}, self.log)
+            self.record.begin(self.step, self.cfg.logging.wandb, {**to_container(self.cfg), "run_id": self.run_id})
             r = self.res
             self.log.info("run %s -> %s", self.run_id, self.dir)
             self.log.info("model %s: N=%s non-embedding (%s total), D=%s tokens, %d steps (warm-up %d) of %d x %d "
@@ -656,114 +396,78 @@ class Trainer:
                           r.lr, self.cfg.precision.name, self.device, self.dist.world_size)
             for line in self.plan.summary().splitlines():  # a few lines; the whole map is in quant_map.json
                 self.log.info("%s", line)
-            result = self._loop(wandb)
-            if wandb is not None:
-                wandb.finish(0)
+            result = self._loop()
+            self.record.finish_mirror(0)
             return result
         except BaseException as exc:
-            failed = not isinstance(exc, KeyboardInterrupt)
-            if self.is_main:
-                (self.dir / "error.txt").write_text(
-                    (str(exc) + "\n\n" if isinstance(exc, NonFiniteError) else "") + traceback.format_exc())
-                self._write_state("failed" if failed else "preempted",
-                                  error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
-                                  keep_step=resuming)
-                self.log.error("run failed: %s", exc)
-            if wandb is not None:
-                wandb.finish(1)
+            self.record.fail(exc, self.step, keep_step=resuming)
+            self.record.finish_mirror(1)
             raise
         finally:
-            self._close_logging()
+            self.record.close_log()
             qdist.teardown(self.dist)
 
-    def _loop(self, wandb: WandbMirror | None) -> dict:
-        from tqdm.auto import tqdm
-
-        cfg, r = self.cfg, self.res
-        lcfg = cfg.logging
-        metrics = open(self.dir / "metrics.jsonl", "a") if self.is_main else None
-        # a live bar on a terminal; in a file, a clean log line per metrics row instead of bar frames
-        live = self.is_main and bool(lcfg.progress) and sys.stderr.isatty()
-        plain = self.is_main and bool(lcfg.progress) and not live
-        bar = tqdm(total=r.steps, initial=self.step, disable=not live, unit="step", desc=self.run_id,
-                   dynamic_ncols=True, leave=False)
+    def _loop(self) -> dict:
+        """Optimizer steps until the last one (or a stop request), then the final evaluation and summary."""
+        r, lcfg = self.res, self.cfg.logging
         self._t_start = time.time()
-        t_last, step_last = time.time(), self.step
+        self._last_row = (self._t_start, self.step)  # (time, step) of the last timed metrics row
         loss_v = float("nan")
-        try:
+        with self.record.progress(self.step, show=bool(lcfg.progress)) as record:
             while self.step < r.steps:
                 if qdist.any_rank(self._stop.is_set(), self.dist, self.device):
-                    self.save_checkpoint()
-                    self._write_state("preempted")
-                    self.log.info("stop requested: checkpointed at step %d/%d", self.step, r.steps)
-                    return {"state": "preempted", "run_id": self.run_id, "step": self.step, "steps": r.steps,
-                            "run_dir": str(self.dir)}
+                    return self._preempt()
                 lr = self.optimizer.param_groups[0]["lr"]
                 loss_v, gn_v = self._step()
                 s = self.step
-                row = None
-                if s % int(lcfg.log_every) == 0 or s == r.steps or s == 1:
-                    now = time.time()
-                    row = {"step": s, "tokens": s * r.tokens_per_step, "loss": loss_v, "lr": lr, "grad_norm": gn_v,
-                           "tokens_per_s": (s - step_last) * r.tokens_per_step / max(now - t_last, 1e-9),
-                           "elapsed_s": self.elapsed_prev + now - self._t_start}
-                    t_last, step_last = now, s
-                    if int(lcfg.val_every) > 0 and s % int(lcfg.val_every) == 0 and s != r.steps:
-                        row["val_loss"] = self.evaluate(int(lcfg.val_batches))
-                    stats_every = int(getattr(cfg.precision, "stats_every", 0) or 0)
-                    if stats_every and s % stats_every == 0:
-                        row.update(self.quant.collect_stats(self.model))
-                elif int(lcfg.val_every) > 0 and s % int(lcfg.val_every) == 0 and s != r.steps:
-                    row = {"step": s, "tokens": s * r.tokens_per_step, "loss": loss_v, "lr": lr, "grad_norm": gn_v,
-                           "tokens_per_s": None, "elapsed_s": self.elapsed_prev + time.time() - self._t_start,
-                           "val_loss": self.evaluate(int(lcfg.val_batches))}
-                if row is not None and self.is_main:
-                    metrics.write(json.dumps(row) + "\n")
-                    metrics.flush()
-                    if wandb is not None:
-                        wandb.log_row(row, s)
-                    bar.set_postfix(loss=f"{loss_v:.4f}", lr=f"{lr:.2e}", refresh=False)
-                    if plain:
-                        tps = row.get("tokens_per_s")
-                        self.log.info("step %d/%d  loss %.4f  lr %.3g%s", s, r.steps, loss_v, lr,
-                                      f"  {tps:,.0f} tokens/s" if tps else "")
-                bar.update(1)
+                record(self._metrics_row(s, loss_v, lr, gn_v), s, loss_v, lr)
                 if self.is_main:
                     for fn in self.callbacks:
                         fn(self, {"step": s, "loss": loss_v, "grad_norm": gn_v, "lr": lr})
                 if int(lcfg.ckpt_every) > 0 and s % int(lcfg.ckpt_every) == 0 and s != r.steps:
                     self.save_checkpoint()
-                    self._write_state("running")
-        finally:
-            bar.close()
-            if metrics is not None:
-                metrics.close()
-
+                    self.record.write_state("running", s)
         val_loss = self.evaluate(None)
         elapsed = self.elapsed_prev + time.time() - self._t_start
         self.save_checkpoint()
-        summary = {
-            "run_id": self.run_id, "name": str(cfg.run.name), "model": str(cfg.model.name), "n_params": r.n_params,
-            "n_params_total": r.n_params_total, "nominal_params": r.nominal_params, "tokens": r.tokens,
-            "tokens_per_param": r.tokens / r.nominal_params, "steps": r.steps, "precision": str(cfg.precision.name),
-            "forward": str(cfg.precision.forward), "backward": str(cfg.precision.backward), "seed": int(cfg.run.seed),
-            "val_loss": val_loss, "train_loss": loss_v, "wall_clock_s": elapsed,
-            "tokens_per_s": (r.tokens / elapsed) if elapsed > 0 else None, "lr": r.lr, "batch_size": r.batch_size,
-            "seq_len": r.seq_len, "data": str(cfg.data.name), "finished_at": _now(), "config_hash": self.config_hash,
-            "data_identity": self._data_identity(), "device_name": self._device_name(),
-            "world_size": self.dist.world_size, "compile": bool(cfg.run.compile),
-            "compile_mode": str(cfg.run.compile_mode) if bool(cfg.run.compile) else None,
-            "implementation": self.plan.implementation, "traceable": self.plan.traceable,
-        }
-        if self.is_main:
-            with open(self.dir / "metrics.jsonl", "a") as fh:
-                fh.write(json.dumps({"step": r.steps, "tokens": r.tokens, "val_loss": val_loss, "final": True}) + "\n")
-            if wandb is not None:
-                wandb.log_row({"val_loss": val_loss, "final_val_loss": val_loss}, r.steps)
-            write_json_atomic(self.dir / "summary.json", summary)
-            self._write_state("completed")
-            self.log.info("completed %s: val_loss %.4f after %d steps (%.0f s)", self.run_id, val_loss, r.steps, elapsed)
+        summary = make_summary(self.cfg, r, run_id=self.run_id, config_hash=self.config_hash,
+                               manifest=self.data.manifest, device=self.device, world_size=self.dist.world_size,
+                               plan=self.plan, val_loss=val_loss, train_loss=loss_v, elapsed=elapsed)
+        self.record.complete(summary)
         return {**summary, "state": "completed"}
+
+    def _preempt(self) -> dict:
+        """A stop was requested: checkpoint, state "preempted", and the record run() returns."""
+        self.save_checkpoint()
+        self.record.write_state("preempted", self.step)
+        self.log.info("stop requested: checkpointed at step %d/%d", self.step, self.res.steps)
+        return {"state": "preempted", "run_id": self.run_id, "step": self.step, "steps": self.res.steps,
+                "run_dir": str(self.dir)}
+
+    def _metrics_row(self, s: int, loss_v: float, lr: float, gn_v: float) -> dict | None:
+        """The metrics row of update ``s`` (None when it logs nothing): every ``log_every`` steps, the first and
+        the last (with throughput since the previous one), and every ``val_every`` (with a validation loss,
+        except at the last step, whose full pass is the final row). Collective: every rank calls it."""
+        r, lcfg = self.res, self.cfg.logging
+        validate = int(lcfg.val_every) > 0 and s % int(lcfg.val_every) == 0 and s != r.steps
+        row = None
+        if s % int(lcfg.log_every) == 0 or s == r.steps or s == 1:
+            now = time.time()
+            t_last, step_last = self._last_row
+            row = {"step": s, "tokens": s * r.tokens_per_step, "loss": loss_v, "lr": lr, "grad_norm": gn_v,
+                   "tokens_per_s": (s - step_last) * r.tokens_per_step / max(now - t_last, 1e-9),
+                   "elapsed_s": self.elapsed_prev + now - self._t_start}
+            self._last_row = (now, s)
+            if validate:
+                row["val_loss"] = self.evaluate(int(lcfg.val_batches))
+            stats_every = int(getattr(self.cfg.precision, "stats_every", 0) or 0)
+            if stats_every and s % stats_every == 0:
+                row.update(self.quant.collect_stats(self.model))
+        elif validate:
+            row = {"step": s, "tokens": s * r.tokens_per_step, "loss": loss_v, "lr": lr, "grad_norm": gn_v,
+                   "tokens_per_s": None, "elapsed_s": self.elapsed_prev + time.time() - self._t_start,
+                   "val_loss": self.evaluate(int(lcfg.val_batches))}
+        return row
 
 
 def train(cfg: DictConfig) -> dict:

@@ -193,3 +193,24 @@ def test_relaunch_skips_a_run_whose_trainer_holds_the_lock(tmp_path, capsys):
     assert sweep_main([sweep, "--runs-dir", str(root), *over]) == 0
     assert "1 completed, 0 failed" in capsys.readouterr().out
     assert (busy / "summary.json").is_file()
+
+
+def test_a_worker_refused_by_the_train_lock_leaves_the_run_folder_as_it_was(tmp_path, monkeypatch):
+    """The lock is taken between the launcher's claim and its pool worker's start (a `quartet train` started in
+    between): the worker is refused and reports the run skipped. It used to leave an empty stdout.log behind."""
+    from cluster.launch import claim_and_prepare
+    from cluster.task import local_worker
+    from quartet.runlock import JOB_ENV
+
+    monkeypatch.setenv(JOB_ENV, "")  # local_worker sets it for its trainer; restored after the test
+    plan = make_plan(_sweep(tmp_path, "raced"), None, ["sweep.axes.budget.tokens=[2048]"], str(tmp_path / "runs"))
+    claimed, taken = claim_and_prepare(plan, plan.pending())
+    assert len(claimed) == 1 and not taken
+    d = claimed[0].run_dir
+    with runlock.acquire(d):
+        before = {p.name: p.read_bytes() for p in d.iterdir()}
+        result = local_worker(str(d), "local-9")
+        after = {p.name: p.read_bytes() for p in d.iterdir()}
+    assert result.state == "skipped" and f"pid {os.getpid()}" in result.error
+    assert after == before  # no stdout.log, state.json and the holder's lock record untouched
+

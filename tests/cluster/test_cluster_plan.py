@@ -289,6 +289,27 @@ def test_corrupt_summary_is_reported_and_not_relaunched(tmp_path, capsys):
     assert all(not p.exists() for p in dirs[1:])
 
 
+def test_a_train_that_cannot_be_checked_from_here_is_running_not_new(tmp_path, capsys):
+    """state.json says running, written by a standalone `quartet train` (no claim) on another host: its process
+    and lock cannot be checked from here. The plan used to call it `new`, so a launch claimed it, rewrote its
+    state.json to pending and submitted it (the train lock then refused it at train time, at best); now the plan
+    shows it running and submits only the others."""
+    sweep, runs, dirs = _planned_dirs(tmp_path)
+    d = dirs[0]
+    d.mkdir(parents=True)
+    runstate.write_state(d, state="running", step=3, total_steps=9, host="gpu-node-7", pid=4242, pid_start=1,
+                         run_id=d.name, job_id=None)
+    before = {p.name: p.read_bytes() for p in d.iterdir()}
+    plan = make_plan(str(sweep), None, [], str(runs))
+    run = next(r for r in plan.runs if r.run_dir == d)
+    assert run.view.state == "running" and not run.view.live
+    assert run.state == "running" and not run.to_submit and run not in plan.pending()
+    assert sweep_main([str(sweep), "--runs-dir", str(runs), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "1 running" in out and f"{len(dirs) - 1} new" in out
+    assert {p.name: p.read_bytes() for p in d.iterdir()} == before  # no claim, state.json untouched
+
+
 def test_job_entry_on_corrupt_files_names_them(tmp_path):
     """The Slurm / local job entry (cluster.task.execute_run): a config.yaml that is not UTF-8 or not YAML
     used to fail as a bare UnicodeDecodeError / yaml ParserError; a corrupt summary.json got retrained."""

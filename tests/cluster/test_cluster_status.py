@@ -1,7 +1,7 @@
 """`quartet status` tells the truth (issue #14 item 3): dead standalone trainers, used-up requeues,
 an unreachable squeue and requeued jobs waiting in the queue.
 
-State files are written by the real writers (the trainer's ``_write_state``, the launcher's claim
+State files are written by the real writers (the trainer's ``RunRecorder.write_state``, the launcher's claim
 calls, submitit's own signal handler); Slurm is a fake ``squeue``/``sacct``/``scontrol``/``sbatch``
 on PATH printing what the real tools print, so the real parsing code runs.
 """
@@ -126,7 +126,7 @@ def test_recycled_pid_and_foreign_host_and_stale_heartbeat(tmp_path, fake_slurm,
     fake_slurm()
     runs = tmp_path / "runs"
     t = make_trainer(runs, "g")
-    t._write_state("running")
+    t.record.write_state("running", t.step)
     st = runstate.read_json(t.dir / "state.json")
     assert st["pid"] == os.getpid() and st["pid_start"]
     assert runstate.inspect(t.dir, reconcile_dead=False).state == "running"  # this very process: alive
@@ -135,7 +135,7 @@ def test_recycled_pid_and_foreign_host_and_stale_heartbeat(tmp_path, fake_slurm,
     v = runstate.inspect(t.dir, reconcile_dead=False)
     assert v.state == "failed" and v.error.startswith(f"lost: process {os.getpid()}")
     # status from another machine: not checkable, running while the files move, stale when they stop
-    t._write_state("running")
+    t.record.write_state("running", t.step)
     monkeypatch.setattr(runstate.socket, "gethostname", lambda: "login-node")
     code, out, _ = status(runs, "g", capsys)
     assert code == 0 and "1 runs: 1 running" in out and f"running on {st['host']}"[:40] in out
@@ -201,7 +201,7 @@ def test_preempted_run_still_queued_stays_preempted(tmp_path, fake_slurm, capsys
     """The guard of the test above: a preempted run whose job was requeued (still in squeue) is not failed."""
     runs = tmp_path / "runs"
     t = make_trainer(runs, "pq")
-    t._write_state("preempted")
+    t.record.write_state("preempted", t.step)
     claim_as_slurm(t.dir, "78_1")
     fake_slurm(squeue="echo '79|78_1|PENDING'")
     code, out, _ = status(runs, "pq", capsys)
@@ -221,11 +221,11 @@ def test_unreachable_squeue_warns_once_and_asserts_nothing(tmp_path, fake_slurm,
     runs = tmp_path / "runs"
     crashed = make_trainer(runs, "c", "run.seed=1")  # its job died long ago while state.json said running
     monkeypatch.setenv("SLURM_JOB_ID", "61")
-    crashed._write_state("running")
+    crashed.record.write_state("running", crashed.step)
     monkeypatch.delenv("SLURM_JOB_ID")
     claim_as_slurm(crashed.dir, "61")
     failed = make_trainer(runs, "c", "run.seed=2")
-    failed._write_state("failed", error="ValueError: boom")
+    failed.record.write_state("failed", failed.step, error="ValueError: boom")
     claim_as_slurm(failed.dir, "62")
     never = make_trainer(runs, "c", "run.seed=3").dir  # submitted; its job never started (or is long gone)
     claim_as_slurm(never, "63")
@@ -251,7 +251,7 @@ def test_requeued_job_waiting_in_queue_is_pending_not_running(tmp_path, fake_slu
     t = make_trainer(runs, "rq")
     claim_as_slurm(t.dir, "55")
     monkeypatch.setenv("SLURM_JOB_ID", "55")
-    t._write_state("running")  # the previous attempt's last word (e.g. killed by `scontrol requeue`)
+    t.record.write_state("running", t.step)  # the previous attempt's last word (e.g. killed by `scontrol requeue`)
     fake_slurm(squeue="printf '55|55|PENDING\\n56|56|RUNNING\\n'")
     code, out, _ = status(runs, "rq", capsys)
     assert code == 0 and "1 runs: 1 pending" in out and "55 (PENDING)" in out and "running" not in out, out

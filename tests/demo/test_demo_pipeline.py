@@ -1,14 +1,18 @@
 """`quartet demo` end to end on a test-sized grid: sweep → fit → figures → report, then reuse.
 
 The shipped demo uses `sweeps/demo.yaml` (its full run is the slow test at the end); here a 3 × 2 × 2 grid of a
-few steps each, with seeds 1 and 2 at one cell, keeps the test short while going through exactly the same code
-(local launcher, noise and gaps, fit, figures, report).
+few steps each, with seeds 1 and 2 at one cell, keeps the tests short while going through exactly the same code
+(local launcher, noise and gaps, fit, figures, report). The first call is one module fixture that the three
+tests share (it trains and fits once); each test stays well under a minute on two cores.
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -36,19 +40,31 @@ include:
 """
 
 
-@pytest.mark.timeout(600)
-def test_demo_pipeline_then_reuse(tmp_path, capsys):
-    sweep = tmp_path / "tdemo.yaml"
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    """One `quartet demo` call on the test grid, shared by the tests below (each would otherwise train the same
+    16 runs and fit them again); they run in this order on one xdist worker (the group mark), and the last one
+    changes the runs folder."""
+    root = tmp_path_factory.mktemp("tdemo")
+    sweep = root / "tdemo.yaml"
     sweep.write_text(GRID)
-    runs, out = tmp_path / "runs", tmp_path / "results"
+    runs, out = root / "runs", root / "results"
     args = ["--sweep", str(sweep), "--runs-dir", str(runs), "--out", str(out), "--bootstrap", "3"]
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        code = cli_main(args)
+    return SimpleNamespace(code=code, first=buf.getvalue(), args=args, runs=runs, out=out,
+                           summaries=sorted((runs / "tdemo").glob("*/summary.json")))
 
-    assert cli_main(args) == 0
-    first = capsys.readouterr().out
+
+@pytest.mark.xdist_group("demo_pipeline")
+@pytest.mark.timeout(300)
+def test_demo_pipeline_trains_fits_and_reports(demo):
+    first, out = demo.first, demo.out
+    assert demo.code == 0, first[-2000:]
     assert "16 to train" in first and f"report: {out / 'report.md'}" in first
     assert "quartet: gap to bf16 above seed noise in" in first
-    summaries = sorted((runs / "tdemo").glob("*/summary.json"))
-    assert len(summaries) == 16
+    assert len(demo.summaries) == 16
     report = (out / "report.md").read_text()
     # the verdict comes first, then what ran (data, grid, seeds, time per precision)
     assert report.index("What this tiny study can and cannot tell you") < report.index("## 1. What ran")
@@ -74,25 +90,36 @@ def test_demo_pipeline_then_reuse(tmp_path, capsys):
     for p in ("study/losses.png", "study/ladder_gaps.png", "paper/optimal_precision.png"):
         assert f"]({p})" in report
 
-    # Second call: nothing retrains, the unchanged report is reused.
-    mtimes = {p: p.stat().st_mtime_ns for p in summaries}
+
+@pytest.mark.xdist_group("demo_pipeline")
+@pytest.mark.timeout(300)
+def test_demo_second_call_reuses_everything(demo, capsys):
+    """Second call: nothing retrains, the unchanged report is reused."""
+    assert demo.code == 0 and len(demo.summaries) == 16
+    mtimes = {p: p.stat().st_mtime_ns for p in demo.summaries}
     t0 = time.time()
-    assert cli_main(args) == 0
+    assert cli_main(demo.args) == 0
     second = capsys.readouterr().out
     assert "0 to train" in second and "reusing" in second
-    assert {p: p.stat().st_mtime_ns for p in summaries} == mtimes
+    assert {p: p.stat().st_mtime_ns for p in demo.summaries} == mtimes
     assert time.time() - t0 < 60
 
-    # A run whose summary disappears is retrained, and the report is rebuilt; a run the sweep no longer plans
-    # (left by an earlier version of it) stays out of the study.
+
+@pytest.mark.xdist_group("demo_pipeline")
+@pytest.mark.timeout(300)
+def test_demo_retrains_a_lost_run_and_leaves_out_stale_ones(demo, capsys):
+    """A run whose summary disappears is retrained, and the report is rebuilt; a run the sweep no longer plans
+    (left by an earlier version of it) stays out of the study. (Runs last: it changes the shared runs folder.)"""
     import shutil
 
+    assert demo.code == 0 and len(demo.summaries) == 16
+    summaries, runs, out = demo.summaries, demo.runs, demo.out
     stale = runs / "tdemo" / "llama_nano-t99k-bf16-s0-deadbeef"
     shutil.copytree(summaries[1].parent, stale)
     meta = json.loads((stale / "summary.json").read_text())
     (stale / "summary.json").write_text(json.dumps({**meta, "run_id": stale.name, "tokens": 99_000}))
     summaries[0].unlink()
-    assert cli_main(args) == 0
+    assert cli_main(demo.args) == 0
     third = capsys.readouterr().out
     assert "1 to train" in third and "reusing" not in third
     assert "leaving out 1 run(s)" in third and "99,000" not in (out / "report.md").read_text()
