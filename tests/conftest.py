@@ -33,6 +33,12 @@ for var, sub in {
 }.items():
     os.environ.setdefault(var, str(_CACHE / sub))
 os.environ.setdefault("QUARTET_CACHE", str(REPO / ".cache"))
+# Without a GPU the Triton kernels run in Triton's interpreter. The choice is fixed when triton is first imported
+# (its own @jit library functions, e.g. tl.sum, are made then), and importing quartet.config already imports
+# triton through torch: so it is set here, before any test module is collected, not in tests/kernels/conftest.py
+# alone (a tests/cluster module that imports quartet.config at the top broke every kernel test of its xdist worker).
+if shutil.which("nvidia-smi") is None and not Path("/dev/nvidia0").exists():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 # tmp_path folders under the checkout's (git-ignored) .cache, not /tmp/pytest-of-<user>: pytest keeps the
 # last 3 sessions there (pyproject: only failed tests' folders). Read when the first tmp_path is made
 # (xdist: by the controller, which hands the folder to its workers).
