@@ -70,6 +70,8 @@ class Bench:
         #: the Quartet layer's GEMM engine: FP8 tensor cores on a GPU; bf16 GEMMs in the CPU smoke run
         self.engine = engine or ("hopper_fp8" if self.cuda else "triton")
         self.copy_GBps: float | None = None
+        #: called after each section and each step model: writes the JSON so far (a run cut short keeps it)
+        self.checkpoint = lambda: None
         self.peak_tflops: float | None = None
         if self.cuda:
             props = torch.cuda.get_device_properties(0)
@@ -122,20 +124,22 @@ def gpu_state() -> dict:
 
 
 def _section(bench: Bench, name: str, fn, result: dict) -> None:
-    """Run one section, bracketed by ``nvidia-smi`` readings; an error is recorded, not raised (the JSON of the
-    other sections must survive a single device call)."""
+    """Run one section, ``fn(entry)``, bracketed by ``nvidia-smi`` readings; an error is recorded, not raised (the
+    JSON of the other sections must survive a single device call). ``entry`` is already in ``result`` while the
+    section runs, so a section may fill it as it goes (checkpoints then see its progress)."""
     _log(f"{name}:")
     entry = {"gpu_before": gpu_state()}
+    result[name] = entry
     t = time.monotonic()
     try:
-        entry.update(fn())
+        entry.update(fn(entry))
     except Exception as exc:  # noqa: BLE001 - recorded in the JSON and printed
         entry["error"] = f"{type(exc).__name__}: {exc}"[:500]
         _log(f"  {name} failed: {entry['error']}")
     entry["wall_s"] = round(time.monotonic() - t, 1)
     entry["gpu_after"] = gpu_state()
-    result[name] = entry
     bench.empty()
+    bench.checkpoint()
 
 
 # ------------------------------------------------------------------------------------------ ceilings
@@ -496,12 +500,15 @@ def _step_fn(bench: Bench, spec: dict, precision: str, mode: str):
 
 
 def bench_step(bench: Bench, models=("800m", "100m") + LADDER, modes=("eager", "compile", "graph"),
-               compile_quantized: bool = False) -> dict:
+               compile_quantized: bool = False, live: dict | None = None) -> dict:
     """One optimizer step (fwd + bwd + fused AdamW, bf16 autocast, fp32 master weights) per precision and mode:
     median, spread, tokens/s, peak memory, MFU against the run's BF16 GEMM peak; ratios to BF16 in the same mode
     and to BF16's best mode. ``compile`` runs BF16 only unless ``compile_quantized`` (the eager fused layer is
-    excluded from tracing, so compiling a quantized model mostly measures graph breaks)."""
+    excluded from tracing, so compiling a quantized model mostly measures graph breaks). ``live``: a dict that
+    holds the rows as they are measured (the section's JSON entry)."""
     res = []
+    out = live if live is not None else {}
+    out.update(modes=list(modes), models=res)
     for name in models:
         if bench.left_s() < 30:
             res.append({"model": name, "skipped": f"time budget ({bench.budget_s} s) spent"})
@@ -509,6 +516,8 @@ def bench_step(bench: Bench, models=("800m", "100m") + LADDER, modes=("eager", "
             continue
         spec = model_spec(name)
         row = {"model": name, **spec, "tokens": spec["batch"] * spec["seq"], "figures": {}, "errors": {}}
+        res.append(row)
+        last_s = 20.0  # what one configuration of this model costs (build + timing), updated as they run
         for precision in PRECISIONS:
             for mode in modes:
                 key = f"{precision}_{mode}"
@@ -516,11 +525,12 @@ def bench_step(bench: Bench, models=("800m", "100m") + LADDER, modes=("eager", "
                     continue
                 if mode == "compile" and precision != "bf16" and not compile_quantized:
                     continue
-                if mode == "compile" and bench.left_s() < 120:
-                    row["errors"][key] = "skipped: under 120 s of the time budget left for a compile"
+                need = max(120.0, 2 * last_s) if mode == "compile" else 1.5 * last_s
+                if bench.left_s() < need:
+                    row["errors"][key] = f"skipped: {bench.left_s():.0f} s of the time budget left, ~{need:.0f} s needed"
                     continue
+                t_build = time.monotonic()
                 try:
-                    t_build = time.monotonic()
                     step, model, idx = _step_fn(bench, spec, precision, mode)
                     for _ in range(2 if mode != "graph" else 0):  # compiles, allocates
                         step()
@@ -540,6 +550,8 @@ def bench_step(bench: Bench, models=("800m", "100m") + LADDER, modes=("eager", "
                         t["peak_GiB"] = torch.cuda.max_memory_allocated() / 2**30
                     row["figures"][key] = t
                     del step, model
+                    if mode != "compile":
+                        last_s = time.monotonic() - t_build
                 except Exception as exc:  # noqa: BLE001 - one failing configuration must not hide the others
                     row["errors"][key] = f"{type(exc).__name__}: {exc}"[:300]
                     _log(f"  step {name} {key}: {row['errors'][key]}")
@@ -557,8 +569,8 @@ def bench_step(bench: Bench, models=("800m", "100m") + LADDER, modes=("eager", "
                     v["ratio_bf16_best"] = v["median_ms"] / bf16[best]
         _log(f"  step {name}: " + " | ".join(f"{k} {v['median_ms']:.2f} ms (±{v['spread']:.1%})"
                                              + (f" MFU {v['MFU']:.0%}" if "MFU" in v else "") for k, v in f.items()))
-        res.append(row)
-    return {"modes": list(modes), "models": res}
+        bench.checkpoint()
+    return out
 
 
 # ------------------------------------------------------------------------------------------ the JSON
@@ -692,25 +704,29 @@ def cli_main(argv: list[str] | None = None) -> int:
     bench = Bench(args.device, args.min_reps, args.min_seconds, args.budget_s)
     tiny = args.device == "cpu"
     result = {"meta": meta(argv, bench)}
+    out = args.out or Path("benchmarks/results") / f"{result['meta']['device'].replace(' ', '_')}-{args.section}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def write():
+        result["problems"] = check_result(result)
+        result["table"] = summary_table(result).splitlines()
+        out.write_text(json.dumps(result, indent=1))
+
+    bench.checkpoint = write
     sec = args.section
     # the denominators come first in every run: no section divides by a figure from another run
-    _section(bench, "ceilings", lambda: bench_ceilings(bench, copy_bytes=2**20 if tiny else 2**30,
+    _section(bench, "ceilings", lambda _: bench_ceilings(bench, copy_bytes=2**20 if tiny else 2**30,
                                                        gemm=(128, 128, 128) if tiny else (8192, 8192, 8192)), result)
     if sec in ("quant", "all"):
-        _section(bench, "quant", lambda: bench_quant(bench, *((128, 128) if tiny else (16384, 4096)),
+        _section(bench, "quant", lambda _: bench_quant(bench, *((128, 128) if tiny else (16384, 4096)),
                                                      all_recipes=args.all_recipes), result)
     if sec in ("linear", "all"):
-        _section(bench, "linear", lambda: bench_linear(bench, [(128, 128, 256)] if tiny else LINEAR_SHAPES,
+        _section(bench, "linear", lambda _: bench_linear(bench, [(128, 128, 256)] if tiny else LINEAR_SHAPES,
                                                        graphs=not args.no_linear_graphs), result)
     if sec in ("step", "all"):
-        _section(bench, "step", lambda: bench_step(bench, models, tuple(args.modes.split(",")),
-                                                   args.compile_quantized), result)
-    result["problems"] = check_result(result)
-    result["table"] = summary_table(result).splitlines()
-    dev_name = result["meta"]["device"].replace(" ", "_")
-    out = args.out or Path("benchmarks/results") / f"{dev_name}-{sec}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
+        _section(bench, "step", lambda live: bench_step(bench, models, tuple(args.modes.split(",")),
+                                                        args.compile_quantized, live), result)
+    write()
     _log(f"wrote {out}")
     for pr in result["problems"]:
         _log(f"problem: {pr}")

@@ -172,3 +172,14 @@ def test_every_section_runs_end_to_end_on_the_cpu(tmp_path):
     assert lin["weight_dtype"] == "torch.float32"
     step = r["step"]["models"][0]
     assert {"bf16_eager", "quartet_eager", "quartet_sr_eager"} <= set(step["figures"]) and not step["errors"]
+
+
+def test_step_models_past_the_budget_are_skipped_and_recorded():
+    bench = B.Bench("cpu", min_reps=1, min_seconds=0.0, budget_s=0.0)
+    written = []
+    bench.checkpoint = lambda: written.append(1)
+    live = {}
+    out = B.bench_step(bench, ("smoke", "1m"), live=live)
+    assert out is live and [r["model"] for r in out["models"]] == ["smoke", "1m"]
+    assert all("time budget" in r["skipped"] for r in out["models"])
+    assert B.summary_table({"step": out}).splitlines()[0].startswith("step smoke skipped")
