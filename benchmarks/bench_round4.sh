@@ -4,7 +4,9 @@
 # On a bare GPU node whose python3 has torch + triton (nothing else is needed: the bench imports no hydra),
 # from the repository root:
 #
-#   OUT=/some/dir bash benchmarks/bench_round4.sh        # $OUT defaults to .cache/bench_round4
+#   QUARTET_GIT_COMMIT=<commit> OUT=/some/dir bash benchmarks/bench_round4.sh   # $OUT defaults to .cache/bench_round4
+#
+# (the device copy has no .git: pass the commit, `git rev-parse HEAD` run here, so the JSON records it)
 #
 # It runs `python3 -m quartet.kernels.bench all` (PYTHONPATH = the checkout): the 1 GiB copy and BF16 GEMM
 # ceilings, the quantizers, the linear layer (bf16 / quartet / quartet_sr, eager and CUDA-graphed, at the three
