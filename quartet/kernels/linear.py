@@ -25,8 +25,7 @@ import torch
 
 from quartet.kernels import fp8_block_linear, fp8_linear
 from quartet.kernels import gemm as G
-from quartet.kernels.triton_quant import (absmax_dual_fp8, masked_inverse_hadamard, mx_quantize, prepare_device,
-                                         signs_to_bits)
+from quartet.kernels.triton_quant import masked_inverse_hadamard, mx_quantize, prepare_device, signs_to_bits
 from quartet.quant.linear import OPERANDS, QuantLinear, backward_draws, hadamard_signs, operand_seed
 
 ENGINES = ("hopper_fp8", "blackwell_mxfp4", "triton")
@@ -41,9 +40,6 @@ ROW_EXP = "fused"
 FP8_SCALING = "block"
 #: block rows of the two GEMM operands when block-scaled: left (X, E, Eᵀ) 1×128, right (W, Ŵᵀ, X̂ᵀ) 128×128
 LEFT_BLOCK, RIGHT_BLOCK = 1, 128
-#: quantize the output gradient for both backward GEMMs in one fused pass (hopper engine). Off: the
-#: dual kernel agrees with the oracle in Triton's CPU interpreter but not yet on the H200 (see docs/kernels.md)
-DUAL_E = False
 
 
 class _Ctx:
@@ -169,13 +165,6 @@ def _backward_gemms(e: torch.Tensor, saved, st: _Ctx, blocks: bool, s_dx, s_dw, 
     xh, xs, mx_, wh, ws, mw = saved
     e = e.contiguous().to(torch.bfloat16)
     kw = dict(rule="absmax", stochastic=st.stochastic)
-    if st.engine == "hopper_fp8" and DUAL_E and not blocks and e.shape[0] % 32 == 0 and st.graph_safe:
-        # both quantizations of E from one read per pass (needs one set of signs for both GEMMs,
-        # so only in graph_safe mode, where signs are not tied to the reference rule anyway)
-        qe, qet = absmax_dual_fp8(e, s_dx, stochastic=st.stochastic, seed=seeds["dx_e"])
-        s_dw = s_dx
-    else:
-        qe = qet = None
     if blocks:
         # left operands (E, Eᵀ) per 1×128 block, right ones (Ŵᵀ, X̂ᵀ) per 128×128; the saved FP8
         # X̂ / Ŵ are read back through their block scales
@@ -184,15 +173,13 @@ def _backward_gemms(e: torch.Tensor, saved, st: _Ctx, blocks: bool, s_dx, s_dw, 
     else:
         left = right = in_w = in_x = {}
     # dX̂ = E Ŵ, reduced over out: E grouped along its rows, Ŵᵀ read from Ŵ's columns
-    if qe is None:
-        qe = _q(e, st, axis=-1, seed=seeds["dx_e"], signs=s_dx, **left, **kw)
+    qe = _q(e, st, axis=-1, seed=seeds["dx_e"], signs=s_dx, **left, **kw)
     qwt = _q(wh, st, axis=0, seed=seeds["dx_w"], in_scale=ws, signs=s_dx, **right, **in_w, **kw)
     dx = masked_inverse_hadamard(_mm(st, qe, qwt), mx_)
     # dŴ = Eᵀ X̂, reduced over tokens: both read column-wise. With one scale per whole row the
     # gradient needs e5m2's wider range along the token axis; a 1×128 block spans 4 groups only
-    if qet is None:
-        fmt = {"fp8": "e5m2"} if st.engine == "hopper_fp8" and not blocks else {}
-        qet = _q(e, st, axis=0, seed=seeds["dw_e"], signs=s_dw, **fmt, **left, **kw)
+    fmt = {"fp8": "e5m2"} if st.engine == "hopper_fp8" and not blocks else {}
+    qet = _q(e, st, axis=0, seed=seeds["dw_e"], signs=s_dw, **fmt, **left, **kw)
     qxt = _q(xh, st, axis=0, seed=seeds["dw_x"], in_scale=xs, signs=s_dw, **right, **in_x, **kw)
     st.add_flushed(qe, qwt, qet, qxt)
     dw = masked_inverse_hadamard(_mm(st, qet, qxt), mw, out_dtype=torch.float32)

@@ -1,0 +1,186 @@
+"""``quartet bench``'s CPU-testable parts: the timing rule (fake clock), the layers and models it compares,
+the JSON it writes. No test here times real speed."""
+import json
+import statistics
+
+import pytest
+import torch
+
+from quartet.kernels import bench as B
+from quartet.kernels.timing import input_sets, percentile, rotating, time_callable
+
+
+def fake_clock(durations):
+    """A chunk runner that calls ``fn`` for real but reports the next value of ``durations(i)`` as its time."""
+    calls = []
+
+    def run(fn, k):
+        out = []
+        for _ in range(k):
+            fn()
+            out.append(durations(len(calls)))
+            calls.append(out[-1])
+        return out
+
+    return run, calls
+
+
+def test_fast_callable_runs_until_two_seconds_of_work():
+    run, calls = fake_clock(lambda i: 1e-3)
+    t = time_callable(lambda: None, min_reps=20, min_seconds=2.0, run_chunk=run)
+    assert t.n >= 2000 and t.total_s >= 2.0 - 1e-9
+    assert t.total_s < 2.0 + 0.5 + 1e-9  # chunks of at most ~0.5 s: it stops soon after both minima
+    assert t.median_ms == pytest.approx(1.0) and t.spread == 0
+    assert len(calls) == t.n + t.warmup_n  # every timed repeat called the function once
+
+
+def test_slow_callable_runs_at_least_twenty_repeats():
+    run, calls = fake_clock(lambda i: 0.28)  # a ~280 ms training step
+    t = time_callable(lambda: None, min_reps=20, min_seconds=2.0, run_chunk=run)
+    assert t.n == 20 and t.total_s == pytest.approx(5.6)
+    assert t.warmup_n == 3
+
+
+def test_warmup_is_discarded_and_spread_is_reported():
+    # the first call compiles (10 s); then durations cycle 1..10 ms
+    run, _ = fake_clock(lambda i: 10.0 if i == 0 else 1e-3 * (1 + i % 10))
+    t = time_callable(lambda: None, min_reps=30, min_seconds=0.05, warmup_reps=1, warmup_seconds=0.0, run_chunk=run)
+    assert t.max_ms <= 10.0 + 1e-9  # the 10 s compile is not a timed repeat
+    ms = [1.0 * (1 + i % 10) for i in range(1, 1 + t.n)]
+    assert t.median_ms == pytest.approx(statistics.median(ms))
+    assert t.p10_ms == pytest.approx(percentile(ms, 0.1)) and t.p90_ms == pytest.approx(percentile(ms, 0.9))
+    assert t.p10_ms < t.median_ms < t.p90_ms and t.spread == pytest.approx((t.p90_ms - t.p10_ms) / t.median_ms)
+    d = t.as_dict()
+    assert all(k in d for k in B.FIGURE_KEYS)
+
+
+def test_a_callable_that_takes_no_time_stops_at_max_reps():
+    run, _ = fake_clock(lambda i: 0.0)
+    t = time_callable(lambda: None, min_reps=5, min_seconds=1.0, max_reps=500, run_chunk=run)
+    assert t.n == 500
+
+
+def test_bad_minima_are_refused():
+    with pytest.raises(ValueError):
+        time_callable(lambda: None, min_reps=0)
+
+
+def test_inputs_are_rotated_only_when_they_fit_the_l2():
+    l2 = 50 * 2**20
+    assert input_sets(128 * 2**20, l2) == 1  # 16384 x 4096 bf16: streams from memory
+    assert input_sets(30 * 2**20, l2) == 4  # 4 x 30 MiB > 2 x 50 MiB
+    assert input_sets(2**10, l2) == 16  # capped
+    seen = []
+    f = rotating([lambda i=i: seen.append(i) for i in range(3)])
+    for _ in range(7):
+        f()
+    assert seen == [0, 1, 2, 0, 1, 2, 0]
+
+
+def test_both_backward_recipes_and_bf16_get_the_training_weight_dtype():
+    from quartet.kernels.linear import FUSED_SCHEMES, QuartetLinear
+    from quartet.model import BlockLinear, Llama
+
+    layers = B.build_linears(64, 96, "cpu", engine="triton")
+    assert set(layers) == {"bf16", "quartet", "quartet_sr"}
+    assert {k: v for k, v in B.PRECISIONS.items() if v is not None} == FUSED_SCHEMES
+    assert isinstance(layers["quartet"], QuartetLinear) and layers["quartet"].state.stochastic is False
+    assert isinstance(layers["quartet_sr"], QuartetLinear) and layers["quartet_sr"].state.stochastic is True
+    # the dtype training keeps its weights in: the Llama's block linears as the Trainer builds them
+    train_dtype = next(m for m in Llama(1, 64, 2, 128, 32).modules() if isinstance(m, BlockLinear)).weight.dtype
+    assert B.WEIGHT_DTYPE == train_dtype
+    for lin in layers.values():
+        assert lin.weight.dtype == train_dtype
+        assert torch.equal(lin.weight, layers["bf16"].weight)  # the same draw on every side
+    assert layers["quartet"].weight is not layers["quartet_sr"].weight
+
+
+@pytest.mark.parametrize("precision", ["bf16", "quartet", "quartet_sr"])
+def test_step_models_keep_one_weight_dtype_and_the_backward_recipe(precision):
+    from quartet.kernels.linear import QuartetLinear
+
+    spec = B.model_spec("smoke")
+    model = B._build_model(spec, precision, "cpu", engine="triton")
+    assert {p.dtype for p in model.parameters()} == {B.WEIGHT_DTYPE}
+    fused = [m for m in model.modules() if isinstance(m, QuartetLinear)]
+    if precision == "bf16":
+        assert not fused
+    else:
+        assert fused and {m.state.stochastic for m in fused} == {B.PRECISIONS[precision]}
+    # 6 x (block linears + lm_head) x tokens + causal attention
+    tokens = spec["batch"] * spec["seq"]
+    linears = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    assert B.step_flops(spec, model) == 6 * linears * tokens + 6 * spec["n_layer"] * spec["seq"] * spec["d_model"] * tokens
+
+
+def test_ladder_sizes_are_read_from_the_model_configs():
+    yaml = pytest.importorskip("yaml")
+    for size in B.LADDER:
+        cfg = yaml.safe_load((B.REPO / "conf" / "model" / f"llama_{size}.yaml").read_text())
+        spec = B.model_spec(size)
+        assert (spec["n_layer"], spec["d_model"], spec["n_head"], spec["seq"], spec["batch"]) == (
+            cfg["n_layer"], cfg["d_model"], cfg["n_head"], cfg["seq_len"], cfg["batch_size"])
+    with pytest.raises(ValueError, match="unknown step model"):
+        B.model_spec("nope")
+
+
+def test_cli_writes_provenance_ceilings_and_spread(tmp_path, capsys):
+    out = tmp_path / "b.json"
+    assert B.cli_main(["ceilings", "--device", "cpu", "--min-reps", "3", "--min-seconds", "0.01",
+                       "--out", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert all(k in r["meta"] for k in B.META_KEYS)
+    assert r["meta"]["command"] == "quartet bench ceilings --device cpu --min-reps 3 --min-seconds 0.01 --out " + str(out)
+    assert r["meta"]["torch"] == torch.__version__ and r["meta"]["device"] == "cpu"
+    assert r["meta"]["timing"] == {**r["meta"]["timing"], "min_reps": 3, "min_seconds": 0.01}
+    c = r["ceilings"]
+    assert "gpu_before" in c and "gpu_after" in c  # readings, or why nvidia-smi gave none
+    assert c["copy"]["n"] >= 3 and c["copy"]["total_s"] >= 0.01 and "spread" in c["copy"]
+    assert c["copy"]["bytes"] == 2 * 2**20 and c["copy_GBps"] > 0 and c["peak_bf16_TFLOPs"] > 0
+    assert r["problems"] == []
+    assert "copy" in capsys.readouterr().out.splitlines()[-1]  # the short table comes last
+
+
+def test_check_result_flags_incomplete_figures():
+    good = {"median_ms": 1.0, "p10_ms": 1.0, "p90_ms": 1.0, "n": 20, "total_s": 2.0, "spread": 0.0}
+    meta = {k: None for k in B.META_KEYS} | {"timing": {"min_reps": 20, "min_seconds": 2.0}}
+    sec = {"gpu_before": {}, "gpu_after": {}}
+    assert B.check_result({"meta": meta, "quant": {**sec, "recipes": {"a": good}}}) == []
+    bad = {k: v for k, v in good.items() if k != "spread"} | {"n": 3}
+    problems = B.check_result({"meta": {"timing": meta["timing"]}, "quant": {"recipes": {"a": bad}}})
+    assert "meta lacks git_commit" in problems and "quant.recipes.a lacks spread" in problems
+    assert "quant.recipes.a: 3 repeats < 20" in problems and "quant lacks its nvidia-smi readings" in problems
+
+
+def test_cli_refuses_unknown_models_and_bad_minima(capsys):
+    assert B.cli_main(["step", "--device", "cpu", "--models", "nope"]) == 2
+    assert B.cli_main(["quant", "--device", "cpu", "--min-reps", "0"]) == 2
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU smoke run needs Triton's interpreter (CPU-only machines)")
+def test_every_section_runs_end_to_end_on_the_cpu(tmp_path):
+    """The smoke run the GPU call relies on: every section on tiny shapes (Triton interpreter), no errors."""
+    out = tmp_path / "all.json"
+    assert B.cli_main(["all", "--device", "cpu", "--models", "smoke", "--min-reps", "2", "--min-seconds", "0",
+                       "--out", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["problems"] == []
+    for name in ("ceilings", "quant", "linear", "step"):
+        assert "error" not in r[name], r[name].get("error")
+    lin = r["linear"]["shapes"][0]
+    assert {"bf16_eager", "quartet_eager", "quartet_sr_eager"} <= set(lin["figures"])
+    assert lin["weight_dtype"] == "torch.float32"
+    step = r["step"]["models"][0]
+    assert {"bf16_eager", "quartet_eager", "quartet_sr_eager"} <= set(step["figures"]) and not step["errors"]
+
+
+def test_step_models_past_the_budget_are_skipped_and_recorded():
+    bench = B.Bench("cpu", min_reps=1, min_seconds=0.0, budget_s=0.0)
+    written = []
+    bench.checkpoint = lambda: written.append(1)
+    live = {}
+    out = B.bench_step(bench, ("smoke", "1m"), live=live)
+    assert out is live and [r["model"] for r in out["models"]] == ["smoke", "1m"]
+    assert all("time budget" in r["skipped"] for r in out["models"])
+    assert B.summary_table({"step": out}).splitlines()[0].startswith("step smoke skipped")
