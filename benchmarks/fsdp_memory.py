@@ -113,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", default="llama_100m,llama_800m,llama_1600m")
     p.add_argument("--eq-model", default="llama_30m", help="model of the fsdp-vs-ddp equality runs")
     p.add_argument("--precisions", default="bf16,quartet")
+    p.add_argument("--eq-pair", default="ddp,fsdp", help="the two run.parallel modes of the equality runs; ddp,ddp "
+                   "measures DDP's own run-to-run difference, the yardstick for the fsdp one")
     p.add_argument("--micro", type=int, default=8, help="sequences per micro-batch in the memory runs")
     p.add_argument("--timeout", type=int, default=180, help="seconds per run at most")
     p.add_argument("--budget", type=int, default=450, help="seconds for the whole script: later runs are skipped")
@@ -135,17 +137,18 @@ def main(argv: list[str] | None = None) -> int:
     def left() -> float:
         return min(args.timeout, args.budget - (time.monotonic() - start))
 
-    print(f"1) fsdp (world size 1) vs ddp: {args.eq_model}, 20 steps of 16 x {SEQ} tokens")
+    print(f"1) {args.eq_pair.replace(',', ' vs ')} (world size 1): {args.eq_model}, 20 steps of 16 x {SEQ} tokens")
     print(f"{'precision':10} {'amp':5} {'max |dloss|':>12} {'|dval|':>10} {'tolerance':>10}  verdict")
     for precision in args.precisions.split(","):
         for amp, tol in (("false", 1e-4), ("true", 2e-2)):
             runs = {}
-            for mode in ("ddp", "fsdp"):
+            pair = args.eq_pair.split(",")
+            for i, mode in enumerate(pair):
                 over = [*base, f"model={args.eq_model}", f"precision={precision}", f"run.amp={amp}", f"run.parallel={mode}",
                         "budget=tokens", f"budget.tokens={20 * 16 * SEQ}", "optim.batch_size=16",
-                        f"run.name=eq-{mode}-{amp}"]
-                runs[mode] = _run(over, left())
-            a, b = runs["ddp"], runs["fsdp"]
+                        f"run.name=eq-{mode}{i}-{amp}"]
+                runs[f"{mode}{i}"] = _run(over, left())
+            a, b = runs[f"{pair[0]}0"], runs[f"{pair[1]}1"]
             if "error" in a or "error" in b:
                 failed = True
                 print(f"{precision:10} {amp:5} error: {a.get('error') or b.get('error')}")
@@ -157,12 +160,12 @@ def main(argv: list[str] | None = None) -> int:
             failed |= not ok
             print(f"{precision:10} {amp:5} {dl:12.3g} {dv:10.3g} {tol:10.0e}  {'ok' if ok else 'FAIL'}")
             results["equality"].append({"precision": precision, "amp": amp, "max_dloss": dl, "dval": dv, "ok": ok,
-                                        "ddp": a, "fsdp": b})
+                                        "pair": pair, "first": a, "second": b})
 
     print(f"\n2) per-GPU memory, one micro-batch of {args.micro} x {SEQ} tokens, 3 steps (GB = 1e9 bytes)")
     print(f"{'model':12} {'precision':9} {'mode':5} {'estimate':>9} {'(tensors)':>10} {'peak alloc':>11} "
           f"{'peak resv':>10} {'alloc/est':>10}")
-    for size in args.sizes.split(","):
+    for size in [x for x in args.sizes.split(",") if x]:
         for precision in args.precisions.split(","):
             for mode in ("ddp", "fsdp"):
                 over = [*base, f"model={size}", f"precision={precision}", f"run.parallel={mode}", "budget=tokens",
