@@ -124,8 +124,9 @@ def test_preemption_checkpoints_requeues_and_matches_uninterrupted(tmp_path, cap
 def test_scancel_marks_cancelled_and_relaunch_resumes(tmp_path, capsys):
     root = tmp_path / "runs"
     # scancel sends SIGTERM, which submitit ignores, and SIGKILL KillWait (5 s) later: the run must
-    # still have well over 5 s to go when it is cancelled, hence the slower tiny model here
-    path = write_sweep(tmp_path, "can", [512 * 400], ckpt_every=20, model="llama_tiny")
+    # still have well over 5 s to go when it is cancelled, hence the slower tiny model and 1200 steps (400 were
+    # not enough on an idle 2-core machine: ~70 steps/s finished the run inside KillWait)
+    path = write_sweep(tmp_path, "can", [512 * 1200], ckpt_every=20, model="llama_tiny")
     assert sweep_main([path, "--runs-dir", str(root)]) == 0
     (run,) = run_dirs(root, "can")
     job = job_of(run)
@@ -143,6 +144,6 @@ def test_scancel_marks_cancelled_and_relaunch_resumes(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "1 cancelled" in out and "submitted 1 run(s)" in out
     assert job_of(run) != job
-    done = wait_for(lambda: summary(run), 120, "the relaunched run to finish")
-    assert done["steps"] == 400
+    done = wait_for(lambda: summary(run), 300, "the relaunched run to finish")
+    assert done["steps"] == 1200
     assert "resuming" in (run / "train.log").read_text()
