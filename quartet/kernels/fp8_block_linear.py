@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from quartet.kernels.fp8_linear import token_padded
-from quartet.quant.blockwise import fp8_blockwise_codes
+from quartet.quant.blockwise import expand_tile_scales, fp8_blockwise_codes
 from quartet.quant.linear import QuantLinear
 
 E4M3 = torch.float8_e4m3fn
@@ -41,8 +41,7 @@ def quantize_fp8_blocks(t: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch
 
 def dequantize_fp8_blocks(codes: torch.Tensor, scale: torch.Tensor, rows: int) -> torch.Tensor:
     """x̂ = codes · scale as float32 (the oracle's multiplication, element for element)."""
-    full = scale.repeat_interleave(rows, 0).repeat_interleave(BLOCK, 1)[: codes.shape[0], : codes.shape[1]]
-    return codes.float() * full
+    return codes.float() * expand_tile_scales(scale, rows, BLOCK, codes.shape)
 
 
 # Scale layouts: those PyTorch's meta registration of ``F.scaled_mm`` checks (torch/_meta_registrations.py, the

@@ -27,10 +27,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from quartet.quant.formats import E2M1_MAX, E4M3_MAX, round_to_e2m1, round_to_fp8
-from quartet.quant.mx import E4M3_MIN_SUBNORMAL
+from quartet.quant.formats import E2M1_MAX, E4M3_MAX, E5M2_MAX, round_to_e2m1, round_to_fp8
+from quartet.quant.mx import e4m3_block_scale
 
-__all__ = ["tile_amax", "nvfp4_quantize_2d", "fp8_blockwise_quantize", "fp8_blockwise_codes"]
+__all__ = ["tile_amax", "nvfp4_quantize_2d", "fp8_blockwise_quantize", "fp8_blockwise_codes", "expand_tile_scales"]
 
 
 def _tiled(x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
@@ -59,9 +59,7 @@ def nvfp4_quantize_2d(x: torch.Tensor, tile: int = 16) -> tuple[torch.Tensor, to
     amax_t = t.abs().amax(dim=(1, 3))
     amax = amax_t.amax()
     tensor_scale = torch.where(amax > 0, amax * (1.0 / (E2M1_MAX * E4M3_MAX)), torch.ones_like(amax))
-    block = round_to_fp8(amax_t * (1.0 / E2M1_MAX) / tensor_scale, "e4m3")
-    # as in the 1-D rule: an underflowing tile keeps its largest values (smallest subnormal), a zero tile gets 1
-    block = torch.where(amax_t > 0, block.clamp(min=E4M3_MIN_SUBNORMAL), torch.ones_like(block))
+    block = e4m3_block_scale(amax_t, E2M1_MAX, tensor_scale)  # the 1-D rule, one scale per tile
     s = (block * tensor_scale)[:, None, :, None]
     return _untile(round_to_e2m1(t / s) * s, x.shape), block, tensor_scale
 
@@ -70,7 +68,7 @@ def fp8_blockwise_codes(x: torch.Tensor, rows: int = 1, cols: int = 128,
                         fmt: str = "e4m3") -> tuple[torch.Tensor, torch.Tensor]:
     """Storage form of tile-scaled FP8: (x/s_t rounded to FP8, as float32, same shape as ``x``; scales s_t of
     shape (ceil(R/rows), ceil(C/cols))). Multiply back with :func:`fp8_blockwise_quantize` (which returns x̂)."""
-    fmax = {"e4m3": E4M3_MAX, "e5m2": 57344.0}[fmt]
+    fmax = {"e4m3": E4M3_MAX, "e5m2": E5M2_MAX}[fmt]
     t = _tiled(x, rows, cols)
     amax_t = t.abs().amax(dim=(1, 3))
     scale = torch.where(amax_t > 0, amax_t * (1.0 / fmax), torch.ones_like(amax_t))
@@ -83,5 +81,9 @@ def fp8_blockwise_quantize(x: torch.Tensor, rows: int = 1, cols: int = 128,
     """Tile-scaled FP8 fake quantization (DeepSeek-V3: 1×128 activations/gradients, 128×128 weights)
     → (x̂ float32, per-tile scales)."""
     codes, scale = fp8_blockwise_codes(x, rows, cols, fmt)
-    full = scale.repeat_interleave(rows, 0).repeat_interleave(cols, 1)[: x.shape[0], : x.shape[1]]
-    return codes * full, scale
+    return codes * expand_tile_scales(scale, rows, cols, x.shape), scale
+
+
+def expand_tile_scales(scale: torch.Tensor, rows: int, cols: int, shape) -> torch.Tensor:
+    """Per-tile scales (ceil(R/rows), ceil(C/cols)) broadcast to one per element of an (R, C) matrix."""
+    return scale.repeat_interleave(rows, 0).repeat_interleave(cols, 1)[: shape[0], : shape[1]]
