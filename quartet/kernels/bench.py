@@ -361,25 +361,35 @@ def bench_linear(bench: Bench, shapes=LINEAR_SHAPES, graphs: bool = True, profil
 
 
 def _profile(fn, top: int = 14) -> list[dict]:
-    """CUDA time per kernel name of a few calls of ``fn`` (torch.profiler), largest first."""
+    """CUDA time per kernel name of a few calls of ``fn`` (torch.profiler), largest first, followed by the aten ops
+    that launched GPU work, with their input shapes (``op`` rows: how round 5 found a full-slice backward's zero
+    fill and copy, invisible in kernel names)."""
     from torch.profiler import ProfilerActivity, profile
 
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
         for _ in range(5):
             fn()
         torch.cuda.synchronize()
-    rows = []
+    rows, ops = [], []
     for ev in prof.key_averages():
         t = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
-        if t > 0:
+        if t > 0 and ev.device_type.name == "CUDA":
             rows.append({"kernel": ev.key[:90], "us_per_call_of_fn": t / 5, "count": ev.count // 5})
+    for ev in prof.key_averages(group_by_input_shape=True):
+        t = getattr(ev, "device_time_total", None) or 0
+        if t > 0 and ev.device_type.name == "CPU" and ev.key.startswith("aten::"):
+            ops.append({"op": ev.key[:60], "shapes": str(ev.input_shapes)[:160], "us_per_call_of_fn": t / 5,
+                        "count": ev.count // 5})
     rows.sort(key=lambda r: -r["us_per_call_of_fn"])
+    ops.sort(key=lambda r: -r["us_per_call_of_fn"])
     for r in rows[:top]:
         _log(f"    {r['us_per_call_of_fn']:9.1f} us  x{r['count']:<3d} {r['kernel']}")
-    return rows[:top]
+    for r in ops[:top]:
+        _log(f"    {r['us_per_call_of_fn']:9.1f} us  x{r['count']:<3d} {r['op']} {r['shapes']}")
+    return rows[:top] + ops[:top]
 
 
 # ---------------------------------------------------------------------------------------------- step

@@ -78,22 +78,32 @@ class FP8LinearFn(torch.autograd.Function):
         return gx, gw, None
 
 
+def pad_tokens(x: torch.Tensor, multiple: int) -> tuple[torch.Tensor, int]:
+    """``x`` flattened to (tokens, features) with zero token rows up to a multiple of ``multiple`` (zero rows change
+    neither a scale nor a sum, and contribute nothing to a weight gradient); returns it and the real token count."""
+    x2 = x.reshape(-1, x.shape[-1])
+    T = x2.shape[0]
+    pad = -T % multiple
+    return (torch.nn.functional.pad(x2, (0, 0, 0, pad)) if pad else x2), T
+
+
+def unpad_tokens(y: torch.Tensor, T: int) -> torch.Tensor:
+    """The first ``T`` token rows of ``y``, sliced only where padding was added: autograd's backward of a slice,
+    even a full one, allocates a zero tensor of the whole shape and copies the gradient into it (0.13 ms per
+    16384x4096 layer on an H100, as long as a quantizer call)."""
+    return y if y.shape[0] == T else y[:T]
+
+
 def token_padded(fn, x: torch.Tensor, weight: torch.Tensor, multiple: int,
                  out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """``fn(x2d, weight, out_dtype)`` on ``x`` of any leading shape flattened to (tokens, in), the tokens zero-padded
-    to a multiple of ``multiple`` (zero rows change neither a scale nor a sum) and sliced off the output.
+    to a multiple of ``multiple`` and sliced off the output.
     ``out_dtype`` defaults to the autocast dtype when autocast is on, else ``x.dtype``."""
     dev = x.device.type
     if out_dtype is None:
         out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
-    shape = x.shape
-    x2 = x.reshape(-1, weight.shape[1])
-    T = x2.shape[0]
-    pad = -T % multiple
-    if pad:
-        x2 = torch.nn.functional.pad(x2, (0, 0, 0, pad))
-    y = fn(x2, weight, out_dtype)
-    return y[:T].reshape(*shape[:-1], weight.shape[0])
+    x2, T = pad_tokens(x, multiple)
+    return unpad_tokens(fn(x2, weight, out_dtype), T).reshape(*x.shape[:-1], weight.shape[0])
 
 
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:

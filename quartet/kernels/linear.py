@@ -131,20 +131,30 @@ def _mm(ctx: _Ctx, a, b):
     return G.bf16_mm(a, b)
 
 
+def _as_bf16_input(t: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    """``t`` as the forward quantizer reads it: bf16 as is, float32 with ``cast_bf16`` (rounded in the kernel),
+    anything else cast to bf16 first."""
+    if t.dtype == torch.float32:
+        return t, {"cast_bf16": True}
+    return t.to(torch.bfloat16), {}
+
+
 def _forward_gemm(x2d: torch.Tensor, weight: torch.Tensor, state: _Ctx, blocks: bool):
     """Forward of the layer on a 2-D ``x2d`` (tokens padded): ``y`` and the six tensors the backward needs
     (``X̂``, its scales, its QuEST mask, ``Ŵ``, its scales, its mask; a scale is None on engines that keep
     dequantized bf16 values)."""
-    x2d = x2d.to(torch.bfloat16)
-    w = weight.to(torch.bfloat16)
+    # float32 operands (training's master weight; an input outside autocast) are rounded to bf16 by the quantizer
+    # as it loads them — the same bf16 operand without a cast kernel and its copy
+    x_in, cx = _as_bf16_input(x2d)
+    w_in, cw = _as_bf16_input(weight)
     # forward operands: QuEST with the fixed Hadamard. The backward requantizes X̂ and Ŵ: on the
     # hopper engine they are kept as the FP8 tensors + power-of-two row scales the forward GEMM
     # already used (1 byte/element, no bf16 copy); elsewhere as exact bf16 values.
     fp8 = state.engine == "hopper_fp8"
     # block-scaled FP8: X (the GEMM's left operand) per 1×128, W (right) per 128×128 block
     bx, bw = ({"fp8_block": LEFT_BLOCK}, {"fp8_block": RIGHT_BLOCK}) if blocks else ({}, {})
-    qx = _q(x2d, state, rule="quest", mask=True, deq=not fp8, **bx)
-    qw = _q(w, state, rule="quest", mask=True, deq=not fp8, **bw)
+    qx = _q(x_in, state, rule="quest", mask=True, deq=not fp8, **bx, **cx)
+    qw = _q(w_in, state, rule="quest", mask=True, deq=not fp8, **bw, **cw)
     state.add_flushed(qx, qw)
     y = _mm(state, qx, qw)
     if blocks:
@@ -214,15 +224,6 @@ class QuartetLinearFn(torch.autograd.Function):
 BACKWARD_OPERANDS = OPERANDS[2:]
 
 
-def _pad_tokens(x: torch.Tensor, multiple: int) -> tuple[torch.Tensor, int]:
-    """``x`` flattened to (tokens, features) with zero token rows up to a multiple (zero rows contribute
-    nothing to the weight gradient, whose GEMM groups along tokens); returns it and the real token count."""
-    x2 = x.reshape(-1, x.shape[-1])
-    T = x2.shape[0]
-    pad = -T % multiple
-    return (torch.nn.functional.pad(x2, (0, 0, 0, pad)) if pad else x2), T
-
-
 def _check_features(in_features: int, out_features: int) -> None:
     if in_features % 32 or out_features % 32:
         raise ValueError(f"QuartetLinear needs in/out features that are multiples of 32, got "
@@ -233,9 +234,9 @@ def _fused_forward(x: torch.Tensor, weight: torch.Tensor, state: _Ctx, call: int
     """Run :class:`QuartetLinearFn` on ``x`` of any leading shape (tokens padded to a multiple of 32)."""
     in_features = weight.shape[1]
     _check_features(in_features, out_features)
-    x2, T = _pad_tokens(x, 128 if _use_blocks(state, in_features, out_features) else 32)
+    x2, T = fp8_linear.pad_tokens(x, 128 if _use_blocks(state, in_features, out_features) else 32)
     y = QuartetLinearFn.apply(x2, weight, state, call)
-    return y[:T].reshape(*x.shape[:-1], out_features)
+    return fp8_linear.unpad_tokens(y, T).reshape(*x.shape[:-1], out_features)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -333,9 +334,9 @@ def traceable_fused_forward(x: torch.Tensor, weight: torch.Tensor, signs: torch.
     in_features = weight.shape[1]
     _check_features(in_features, out_features)
     blocks = _blocks_for(engine, in_features, out_features)
-    x2, T = _pad_tokens(x, 128 if blocks else 32)
+    x2, T = fp8_linear.pad_tokens(x, 128 if blocks else 32)
     y = fused_linear_fwd(x2, weight, signs, seeds, engine, stochastic, blocks)[0]
-    return y[:T].reshape(*x.shape[:-1], out_features)
+    return fp8_linear.unpad_tokens(y, T).reshape(*x.shape[:-1], out_features)
 
 
 class DeviceDraws:

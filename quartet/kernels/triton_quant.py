@@ -99,6 +99,14 @@ if HAS_TRITON:
 
     if os.environ.get("TRITON_INTERPRET") == "1":
         @triton.jit
+        def _to_bf16(x):
+            """float32 -> bf16 rounded to nearest even, as on the GPU and in torch (the CPU interpreter's own cast
+            truncates): add half an ulp of bf16 less one, plus the kept lowest bit, then drop the low 16 bits."""
+            b = x.to(tl.uint32, bitcast=True)
+            r = ((b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000).to(tl.float32, bitcast=True)
+            return tl.where(x != x, x, r).to(tl.bfloat16)
+
+        @triton.jit
         def _to_fp8_nan(val, dtype: tl.constexpr):
             """``val.to(dtype)`` (an FP8 dtype) with NaN stored as NaN (0x7F in e4m3fn and e5m2): Triton's CPU
             interpreter turns NaN into 384 in e4m3fn, so its cast is patched here."""
@@ -106,23 +114,37 @@ if HAS_TRITON:
             return tl.where(val != val, 0x7F, bits).to(tl.uint8).to(dtype, bitcast=True)
     else:
         @triton.jit
+        def _to_bf16(x):
+            """float32 -> bf16, round to nearest even (the GPU's cvt.rn)."""
+            return x.to(tl.bfloat16)
+
+        @triton.jit
         def _to_fp8_nan(val, dtype: tl.constexpr):
             """``val.to(dtype)``: on the GPU the FP8 conversion keeps NaN a NaN by itself (no per-element fix-up on
             the hot path)."""
             return val.to(dtype)
 
     @triton.jit
-    def _fold_store_fp8(sq, e, e_ref, fp8_ptr, offs, inb, flush_ptr, SHIFT: tl.constexpr, gmul):
+    def _fold_store_fp8(sq, e, e_ref, fp8_ptr, offs, inb, flush_ptr, SHIFT: tl.constexpr, gmul, gvalid,
+                        MIN_D: tl.constexpr):
         """Store signed E2M1 values ``sq`` (G, 32) of group exponents ``e`` (G,) as FP8 folded against the
         row / block exponent ``e_ref``: ``fp8(sq · 2^(e − e_ref + shift))``, and add the values that FP8
         cannot hold exactly to the flush counter. ``d`` is clamped to the shift: a row or block with no
-        nonzero group has ``e_ref = -127`` and only zeros."""
+        nonzero group has ``e_ref = -127`` and only zeros.
+
+        Every E2M1 value is a multiple of 0.5 with at most two significant bits, so a group's values are all
+        exact in FP8 when ``0.5 · 2^d`` is at least the format's smallest step, i.e. ``d >= MIN_D``. Only a
+        tile holding a group (``gvalid``: one that may be nonzero) below that bound pays the per-element
+        check — a rare tile, so the check costs ~nothing where nothing can flush (the count is the same)."""
         d = tl.minimum(e - e_ref + SHIFT, SHIFT)
         # gmul (G,): 1.0, or NaN for a non-finite QuEST group -- folded into the group's scale, not per element
         val = sq * (_exp2i(tl.maximum(d, -126)) * gmul)[:, None]
         f8 = _to_fp8_nan(val, fp8_ptr.dtype.element_ty)
-        flushed = (f8.to(tl.float32) != val) & (val == val) & inb  # NaN (a non-finite QuEST group) is not a flush
-        tl.atomic_add(flush_ptr, tl.sum(tl.sum(flushed.to(tl.int32), axis=1), axis=0))
+        if tl.max((gvalid & (d < MIN_D)).to(tl.int32), axis=0) > 0:
+            flushed = (f8.to(tl.float32) != val) & (val == val) & inb  # NaN (a non-finite QuEST group) is not a flush
+            n_flushed = tl.sum(tl.sum(flushed.to(tl.int32), axis=1), axis=0)
+            if n_flushed > 0:
+                tl.atomic_add(flush_ptr, n_flushed)
         tl.store(fp8_ptr + offs, f8, mask=inb)
 
     @triton.jit
@@ -135,7 +157,8 @@ if HAS_TRITON:
         MODE: tl.constexpr, WRITE_MASK: tl.constexpr, WRITE_DEQ: tl.constexpr, DOT_BF16: tl.constexpr,
         IN_SCALE: tl.constexpr, COL_ORDER: tl.constexpr, FP8_SHIFT: tl.constexpr, SEED_PTR: tl.constexpr,
         BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, IN_T: tl.constexpr = False, IN_BR: tl.constexpr = 1,
-        SCALE_BR: tl.constexpr = 1, FACTOR: tl.constexpr = 1.0,
+        SCALE_BR: tl.constexpr = 1, FACTOR: tl.constexpr = 1.0, CAST_BF16: tl.constexpr = False,
+        FP8_MIN_D: tl.constexpr = -8,
     ):
         # The tile is handled as G groups x 32 elements from the start (no reshapes): group g covers
         # logical row r(g), columns k0(g) .. k0(g)+31. COL_ORDER numbers groups row-fastest, so that
@@ -159,6 +182,10 @@ if HAS_TRITON:
         kk = k0[:, None] + c[None, :]
         src = x_ptr + rows[:, None].to(tl.int64) * stride_r + kk.to(tl.int64) * stride_k
         xg = tl.load(src, mask=inb, other=0.0)
+        if CAST_BF16:
+            # a float32 operand (training's master weight) rounded to bf16 as it is loaded: the layer's
+            # `.to(torch.bfloat16)` without its own kernel and copy
+            xg = _to_bf16(xg)
         if IN_SCALE == 1:  # one input scale per logical row (FP8-stored operand read along its rows)
             xg = xg.to(tl.float32) * tl.load(in_scale_ptr + rows, mask=rmask, other=0.0)[:, None]
         elif IN_SCALE == 2:  # one input scale per logical column (read along its columns)
@@ -232,7 +259,8 @@ if HAS_TRITON:
         # the exponent a group contributes to its row's / block's FP8 fold exponent: all-zero groups
         # (padding, dead units) and rows past the end must not raise it (absmax gives them 2^-2). A
         # row/block with no such group keeps -127; the fold then clamps d to the shift (its values are 0)
-        e_fold = tl.where(rmask & ((RULE == 0) | (v > 0.0)) & ~nan_g, e, -127)
+        g_valid = rmask & ((RULE == 0) | (v > 0.0)) & ~nan_g
+        e_fold = tl.where(g_valid, e, -127)
         if MODE == 2 or MODE == 4:
             # the FP8 fold needs the largest group exponent of each output row
             if COL_ORDER:
@@ -255,12 +283,15 @@ if HAS_TRITON:
                     sd = tl.load(seed)
                 else:
                     sd = seed
-                # one Philox call yields four 32-bit numbers: draw per (group, 8 lanes) and spread them
-                # over the 32 elements of the group (a fixed bijection), a quarter of tl.rand's work
-                offs4 = gid[:, None] * 8 + tl.arange(0, 8)[None, :]
+                # one Philox call yields four 32-bit numbers, each split into two 16-bit uniforms: draw per
+                # (group, 4 lanes) and spread the 32 uniforms over the group's 32 elements (a fixed bijection),
+                # an eighth of tl.rand's work. 16 bits resolve P(up) to 2^-16 of a grid gap (a bias below
+                # 1.5e-5 of the gap, far under bf16's input rounding); the generator was the SR kernel's cost
+                offs4 = gid[:, None] * 4 + tl.arange(0, 4)[None, :]
                 r0, r1, r2, r3 = tl.randint4x(sd, offs4)
-                rr = tl.reshape(tl.join(tl.join(r0, r1), tl.join(r2, r3)), (G, 32))
-                rnd = (rr >> 8).to(tl.float32) * 5.960464477539063e-08  # top 24 bits -> [0, 1)
+                rr = tl.join(tl.join(r0, r1), tl.join(r2, r3))
+                rr = tl.reshape(tl.join(rr & 0xFFFF, rr >> 16), (G, 32))
+                rnd = rr.to(tl.float32) * 1.52587890625e-05  # 16 bits -> [0, 1)
                 # grid spacing of E2M1 around a (0.5 below 2, 1 below 4, then 2) and its inverse, by
                 # selects rather than a division (the kernel is instruction bound)
                 big = a >= 4.0
@@ -315,7 +346,8 @@ if HAS_TRITON:
                 else:
                     eb = tl.max(e_fold, axis=0)
                     eg = eb
-                _fold_store_fp8(tl.where(neg, -q, q), e, eg, fp8_ptr, out_offs, inb, flush_ptr, FP8_SHIFT, gnan)
+                _fold_store_fp8(tl.where(neg, -q, q), e, eg, fp8_ptr, out_offs, inb, flush_ptr, FP8_SHIFT, gnan,
+                                g_valid, FP8_MIN_D)
                 sc = _exp2_wide(eb - FP8_SHIFT) * FACTOR  # the block scale 2^(e_blk − shift)·factor
                 if SCALE_BR == 1:
                     # stored (K/128, R) row-major: the (R, K/128) column-major view F.scaled_mm wants
@@ -326,12 +358,13 @@ if HAS_TRITON:
                     tl.store(bscale_ptr + pid_r * bscale_ld + pid_k, sc)
             if MODE == 3:
                 er = tl.load(rowexp_ptr + rows, mask=rmask, other=0)
-                _fold_store_fp8(tl.where(neg, -q, q), e, er, fp8_ptr, out_offs, inb, flush_ptr, FP8_SHIFT, gnan)
+                _fold_store_fp8(tl.where(neg, -q, q), e, er, fp8_ptr, out_offs, inb, flush_ptr, FP8_SHIFT, gnan,
+                                g_valid, FP8_MIN_D)
 
     @triton.jit
     def _fp8_fold_kernel(fp8_ptr, gexp_ptr, rowexp_ptr, flush_ptr, rowscale_ptr, R, K,
                          FP8_SHIFT: tl.constexpr, FACTOR: tl.constexpr, BLOCK_R: tl.constexpr,
-                         BLOCK_K: tl.constexpr):
+                         BLOCK_K: tl.constexpr, FP8_MIN_D: tl.constexpr):
         """Stage 2 of the one-pass FP8 fold (in place): ±q  ->  fp8(±q · 2^(e_g − e_row + shift)).
 
         The same arithmetic and flush rule as MODE 3 of ``_mx_quant_kernel``, on 1 byte per element
@@ -352,7 +385,8 @@ if HAS_TRITON:
         q = tl.where((q8.to(tl.uint8, bitcast=True) & 0x7F) == 0x7F, float("nan"), q8.to(tl.float32))
         e = tl.load(gexp_ptr + rows.to(tl.int64) * (K // 32) + k0 // 32, mask=rmask, other=0).to(tl.int32)
         er = tl.load(rowexp_ptr + rows, mask=rmask, other=0)
-        _fold_store_fp8(q, e, er, fp8_ptr, offs, inb, flush_ptr, FP8_SHIFT, tl.full((G,), 1.0, tl.float32))
+        _fold_store_fp8(q, e, er, fp8_ptr, offs, inb, flush_ptr, FP8_SHIFT, tl.full((G,), 1.0, tl.float32), rmask,
+                        FP8_MIN_D)
         if tl.program_id(1) == 0:
             # the row scales 2^(e_row − shift)·factor
             rr = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -510,6 +544,7 @@ def mx_quantize(
     flush: torch.Tensor | None = None,
     fp8_block: int | None = None,
     in_scale_rows: int | None = None,
+    cast_bf16: bool = False,
 ) -> QuantizedOperand:
     """Quantize a 2-D operand to MXFP4 in one fused pass (plus a row-exponent pass when ``fp8`` is set).
 
@@ -539,6 +574,8 @@ def mx_quantize(
     one scale per 1×128 block (the ``BlockWise1x128`` recipe of ``F.scaled_mm``, for the left operand),
     ``128`` one per 128×128 block (``BlockWise128x128``, the right operand). ``K`` must be a multiple
     of 128. Exact while the 4 (or 4×128) groups of a block span ≤ ~14 binades (e4m3); flushes are counted.
+    ``cast_bf16`` rounds a float32 ``x`` to bf16 as the kernel loads it: the same operand as
+    ``mx_quantize(x.to(torch.bfloat16), ...)`` without the cast's kernel and copy (the fused layer's weight).
     """
     if not HAS_TRITON:
         raise RuntimeError("triton is not installed; the fused quantizers need it")
@@ -546,6 +583,8 @@ def mx_quantize(
         raise ValueError(f"rule must be one of {sorted(RULES)}, got {rule!r}")
     if fp8 is not None and fp8 not in FP8_FORMATS:
         raise ValueError(f"fp8 must be one of {sorted(FP8_FORMATS)} or None, got {fp8!r}")
+    if cast_bf16 and (x.dtype != torch.float32 or in_scale is not None):
+        raise ValueError("cast_bf16 reads a float32 operand (without in_scale)")
     R, K, s_r, s_k = _logical(x, axis)
     if K % 32:
         raise ValueError(f"the group axis must be a multiple of 32, got {K}")
@@ -594,7 +633,9 @@ def mx_quantize(
         # bf16 tensor-core dot on the GPU (exact: ±1 weights); the CPU interpreter has no bf16 dot
         # tensor-core dots on the GPU: bf16 (exact for bf16/FP8 inputs), three bf16 slices for float32;
         # the CPU interpreter has no bf16 dot and uses an IEEE float32 dot
-        DOT_BF16=(0 if dev.type != "cuda" else 1 if (x.dtype == torch.bfloat16 or in_scale is not None) else 2),
+        DOT_BF16=(0 if dev.type != "cuda" else 1 if (x.dtype == torch.bfloat16 or in_scale is not None or cast_bf16)
+                  else 2),
+        CAST_BF16=bool(cast_bf16),
         IN_SCALE=in_mode, COL_ORDER=(s_r == 1 and s_k != 1), BLOCK_R=br, BLOCK_K=bk, num_warps=warps,
         IN_T=axis == 0, IN_BR=in_scale_rows or 1,
     )
@@ -623,7 +664,9 @@ def mx_quantize(
         common.update(BLOCK_R=br, BLOCK_K=bk, num_warps=warps, SCALE_BR=fp8_block, FACTOR=float(out.factor))
         scale_rows = fp8_block
     if fp8 is not None:
-        dtype_name, shift, _ = FP8_FORMATS[fp8]
+        dtype_name, shift, min_exp = FP8_FORMATS[fp8]
+        # a folded group is exact when 0.5·2^d (its smallest nonzero value) reaches the format's smallest step
+        common["FP8_MIN_D"] = min_exp + 1
         flush = flush_in if flush_in is not None else torch.zeros(1, device=dev, dtype=torch.int32)
         if fp8_block is not None:
             mode = MODE_BLOCK  # the block's fold exponent is known inside the tile: one pass
@@ -669,7 +712,7 @@ def mx_quantize(
     if mode == MODE_STAGE:
         rs = torch.empty(R, 1, device=dev, dtype=torch.float32)
         _fp8_fold_kernel[grid](out.fp8, e8_t, rowexp, flush, rs, R, K, FP8_SHIFT=shift, FACTOR=float(out.factor),
-                               BLOCK_R=br, BLOCK_K=bk, num_warps=warps)
+                               BLOCK_R=br, BLOCK_K=bk, num_warps=warps, FP8_MIN_D=common["FP8_MIN_D"])
         out.row_scale = rs
     elif fp8 is not None and mode != MODE_BLOCK:
         # row scale 2^(e_row - shift) [x4/3]; exact powers of two in float32

@@ -180,3 +180,19 @@ def test_fused_linear_pads_tokens_and_adapter_covers_quartet_schemes():
     assert torch.isfinite(lin.weight.grad).all()
     with pytest.raises(ValueError, match="multiples of 32"):
         L.QuartetLinear(48, 32, engine="triton")(torch.randn(4, 48))
+
+
+def test_fused_linear_slices_its_output_only_where_tokens_were_padded():
+    """A full slice y[:T] would cost a zero tensor of the whole output plus a copy in its backward."""
+    lin = L.QuartetLinear(64, 32, engine="triton", device=DEV)
+    for tokens, sliced in ((64, False), (42, True)):
+        x = torch.randn(tokens, 64, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+        y = lin(x)
+        names, todo = set(), [y.grad_fn]
+        while todo:
+            fn = todo.pop()
+            if fn is not None:
+                names.add(type(fn).__name__)
+                todo.extend(f for f, _ in fn.next_functions)
+        assert any("Slice" in n for n in names) == sliced, names
+        assert y.shape == (tokens, 32)

@@ -341,3 +341,50 @@ def test_quest_overflowing_and_nonfinite_groups_bitwise():
             assert f.flushed.item() == diff
             # row 0 (both groups ~1e20) and the ordinary rows are exact; rows 1-3 span > 100 binades (flushed)
             assert torch.equal(v[0], ref[0]) and torch.equal(v[7:], ref[7:]) and diff > 0
+
+
+@pytest.mark.parametrize("kw", [dict(fp8_block=1), dict(fp8_block=128), dict(row_exp="exact"), dict(row_exp="fused")])
+def test_flush_count_at_the_exactness_boundary(kw):
+    """A group folded exactly at the smallest exact offset (d = FP8_MIN_D) keeps every value; one binade lower its
+    0.5- and 1.5-valued elements fall between e4m3's subnormal steps. The kernels skip the per-element check
+    in tiles where no group sits below the bound, so the count must still equal the inexact values exactly."""
+    R, K = 128, 128
+    y = torch.zeros(R, K)
+    y[:, :32] = 2.0 ** 10                      # group 0: amax 2^10 -> e = 8 sets the fold exponent
+    y[:, 32:64] = 2.0 ** -4 * 0.6              # group 1: amax 2^-4 -> e = -6, d = -6 - 8 + 6 = -8 (exact)
+    y[:, 64] = 2.0 ** -5                       # group 2: amax 2^-5 -> e = -7, d = -9 (below the bound)
+    y[:, 65:96] = 2.0 ** -7 * (2 / 3)          # ... its other values round to q = 0.5: 0.5 * 2^-9 is not e4m3
+    y[::2, 96:128] = -(2.0 ** -7) * 2          # half the rows: q = 1.5 in a group of e = -7 (also not e4m3)
+    y[::2, 96] = 2.0 ** -5
+    q = tq.mx_quantize(y.to(torch.bfloat16).to(DEV), rule="absmax", hadamard=False, fp8="e4m3",
+                       out_dtype=torch.float32, **kw)
+    inexact = q.fp8_values().cpu() != q.deq.float().cpu()
+    assert not inexact[:, :64].any()           # at the bound: exact
+    assert inexact[:, 65:96].all()             # one binade lower: every 0.5 is lost
+    assert q.flushed.item() == inexact.sum().item()
+
+
+def test_cast_bf16_reads_float32_as_its_bf16_rounding():
+    """cast_bf16: the kernel rounds a float32 operand to bf16 as it loads it — bitwise the operand of
+    ``x.to(torch.bfloat16)``, ties to even, NaN, ±Inf, subnormals and bf16's largest finite value included."""
+    g = torch.Generator().manual_seed(31)
+    x = torch.randn(128, 256, generator=g) * torch.exp(4 * torch.randn(128, 1, generator=g))
+    # ties: exactly half a bf16 ulp above a bf16 number with an even / odd last bit, and just off the tie
+    base = torch.tensor([1.0, 1.0078125, 3.0, 3.015625])
+    ulp = torch.tensor([2.0 ** -7, 2.0 ** -7, 2.0 ** -6, 2.0 ** -6])
+    x[0, :4] = base + ulp / 2
+    x[0, 4:8] = base + ulp / 2 * (1 + 2.0 ** -10)
+    x[0, 8:12] = base + ulp / 2 * (1 - 2.0 ** -10)
+    x[1, :6] = torch.tensor([3.3895313892515355e38, -3.3895314e38, 1e-39, -1e-40, 0.0, -0.0])
+    x[2, :3] = torch.tensor([float("nan"), float("inf"), -float("inf")])  # their groups: NaN values, as the oracle
+    xd = x.to(DEV)
+    for kw in (dict(rule="quest", mask=True), dict(rule="absmax", stochastic=True, seed=4, signs=0x1357),
+               dict(rule="quest", fp8="e4m3", fp8_block=128, deq=False, mask=True)):
+        a = tq.mx_quantize(xd.to(torch.bfloat16), **kw)
+        b = tq.mx_quantize(xd, cast_bf16=True, **kw)
+        for name in ("deq", "mask", "fp8", "block_scale"):
+            u, v = getattr(a, name), getattr(b, name)
+            if u is not None:
+                assert _equal_nan(u.float().cpu(), v.float().cpu()), name
+    with pytest.raises(ValueError, match="cast_bf16"):
+        tq.mx_quantize(xd.to(torch.bfloat16), cast_bf16=True)
