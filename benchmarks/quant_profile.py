@@ -1,20 +1,29 @@
-"""One launch of each main quantizer recipe (x = 16384 x 4096 bf16), for Nsight Compute:
+"""One launch of each quantizer call the fused Quartet layer makes (x = 16384 x 4096 bf16), for Nsight Compute:
 
-    ncu --clock-control none -k regex:_mx_quant_kernel -c 3 --section SpeedOfLight --section Occupancy \
-        --section LaunchStats --section WarpStateStats python3 benchmarks/quant_profile.py
+    ncu --clock-control none -k regex:_mx_quant_kernel -s 4 -c 4 --section SpeedOfLight --section Occupancy \
+        --section MemoryWorkloadAnalysis --section WarpStateStats --section InstructionStats \
+        python3 benchmarks/quant_profile.py
+
+The four profiled launches (after four warm-up launches that compile): forward QuEST + mask -> FP8 1x128 blocks,
+backward RTN and SR -> FP8 1x128, and the transposed read of the saved FP8 X̂ -> FP8 128x128 blocks.
 """
 import torch
 
 from quartet.kernels.triton_quant import mx_quantize
 
 x = torch.randn(16384, 4096, device="cuda", dtype=torch.bfloat16)
-signs = (torch.randint(0, 2, (32,), device="cuda") * 2 - 1).float()
-for _ in range(2):  # compile outside the profiled launches
-    mx_quantize(x, rule="quest", mask=True)
-    mx_quantize(x, rule="absmax", stochastic=True, signs=signs, seed=1)
-    mx_quantize(x, rule="absmax", stochastic=True, signs=signs, seed=1, axis=0, deq=False, fp8="e5m2")
+fp8 = dict(fp8="e4m3", deq=False)
+
+
+def calls():
+    q = mx_quantize(x, rule="quest", mask=True, fp8_block=1, **fp8)
+    mx_quantize(x, rule="absmax", signs=0x1234, fp8_block=1, **fp8)
+    mx_quantize(x, rule="absmax", stochastic=True, seed=1, signs=0x1234, fp8_block=1, **fp8)
+    mx_quantize(q.fp8, axis=0, rule="absmax", signs=0x4321, fp8_block=128, in_scale=q.block_scale, in_scale_rows=1,
+                **fp8)
+
+
+calls()  # compile outside the profiled launches
 torch.cuda.synchronize()
-mx_quantize(x, rule="quest", mask=True)
-mx_quantize(x, rule="absmax", stochastic=True, signs=signs, seed=1)
-mx_quantize(x, rule="absmax", stochastic=True, signs=signs, seed=1, axis=0, deq=False, fp8="e5m2")
+calls()
 torch.cuda.synchronize()

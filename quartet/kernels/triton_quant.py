@@ -507,7 +507,7 @@ def _logical(x: torch.Tensor, axis: int):
 #: GPU tile (rows, cols, warps); ``QUARTET_QBLOCK=r,k,w`` overrides it (used by the benchmark sweep)
 GPU_BLOCK = (32, 128, 4)  # best overall on H200 (the FP8-fold recipes slow down with 64x64 tiles)
 #: warps of the 128x128-row tiles of ``fp8_block=128`` (the benchmark times 4/8/16)
-BLOCK128_WARPS = 8
+BLOCK128_WARPS = int(os.environ.get("QUARTET_QBLOCK128_WARPS", "8"))  # the override: tuning sweeps only
 
 
 def _blocks(R: int, K: int, device: torch.device) -> tuple[int, int, int]:
