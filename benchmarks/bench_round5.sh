@@ -2,13 +2,19 @@
 # Issue #16, round 5, second device call (~7 minutes on an H100): what the round-4 script's time budget left out,
 # and where the quantizer's time goes. From the repository root of a bare GPU node (python3 with torch + triton):
 #
-#   QUARTET_GIT_COMMIT=<commit> OUT=/some/dir bash benchmarks/bench_round5.sh
+#   QUARTET_GIT_COMMIT=<commit> OUT=/some/dir bash benchmarks/bench_round5.sh [kernels|train]
 #
+# kernels (default):
 # 1. Nsight Compute (when `ncu` is on the PATH) on the four quantizer calls of benchmarks/quant_profile.py -> ncu.txt
 # 2. a tile sweep of the quantizer section: `quartet bench quant` once per (rows,cols,warps of the 1x128 tiles ;
 #    warps of the 128x128 tiles), each a complete run with its own copy/GEMM denominators -> sweep_<cfg>.json
 # 3. the training steps the round-4 call skipped for time: 800m, 7m, 3m, 1m (eager, compile, graph) -> step.json
+# train: the 800M step as `quartet train` runs it (benchmarks/ladder_speed.py: the real Trainer, bf16 vs quartet,
+#    both compiled, one micro-batch of 32 x 512 tokens, data=pycode) while nothing else uses the GPU, after the
+#    GPU tests (tests/kernels, tests/quant/test_gpu.py) ran beside the corpus build; and whether cuBLAS multiplies
+#    two 1x128-block-scaled FP8 operands (the fused layer's right operands use 128x128 blocks) -> probe.txt
 set -uo pipefail
+mode=${1:-kernels}
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/.cache/bench_round5}
 mkdir -p "$OUT"
@@ -16,6 +22,46 @@ PY=${PY:-python3}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/quartet_inductor}
 stamp() { echo "== $(date -u +%H:%M:%S) $*"; }
+
+if [ "$mode" = train ]; then
+  if ! "$PY" -c "import hydra, omegaconf, submitit" 2>/dev/null; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/quartet_site \
+      .whl/*.whl >/dev/null 2>&1 || { echo "no hydra and no .whl/ (cluster/scripts/ladder_device.sh wheels)"; exit 2; }
+    export PYTHONPATH="/tmp/quartet_site:$PYTHONPATH"
+  fi
+  export WANDB_MODE=disabled QUARTET_CACHE=${QUARTET_CACHE:-$PWD/.cache}
+  ( "$PY" -m quartet.cli data prepare data=pycode > "$OUT/data_prepare.log" 2>&1; echo "exit $?" >> "$OUT/data_prepare.log" ) &
+  data_pid=$!
+  xd=""; "$PY" -c "import xdist" 2>/dev/null && xd="-n 12"
+  stamp "GPU tests $xd"
+  timeout 240 "$PY" -m pytest -q -p no:cacheprovider $xd -rfE tests/kernels tests/quant/test_gpu.py -m "slow or not slow" \
+    > "$OUT/gpu_tests.txt" 2>&1; echo "exit $?" >> "$OUT/gpu_tests.txt"
+  tail -3 "$OUT/gpu_tests.txt"
+  "$PY" - > "$OUT/probe.txt" 2>&1 <<'PYEOF'
+import torch, torch.nn.functional as F
+from torch.nn.functional import ScalingType
+a = torch.randn(256, 512, device="cuda").to(torch.float8_e4m3fn)
+b = torch.randn(384, 512, device="cuda").to(torch.float8_e4m3fn)
+sa = torch.ones(512 // 128, 256, device="cuda").t()   # (R, K/128) column-major, as the 1x128 recipe wants
+sb = torch.ones(512 // 128, 384, device="cuda").t()
+try:
+    out = F.scaled_mm(a, b.t(), sa, ScalingType.BlockWise1x128, sb.t(), ScalingType.BlockWise1x128,
+                      output_dtype=torch.bfloat16)
+    ref = a.float() @ b.float().t()
+    print("1x128 x 1x128: supported, rel err", ((out.float() - ref).norm() / ref.norm()).item())
+except Exception as exc:  # noqa: BLE001
+    print("1x128 x 1x128: not supported:", type(exc).__name__, str(exc)[:300])
+PYEOF
+  cat "$OUT/probe.txt"
+  wait $data_pid; tail -1 "$OUT/data_prepare.log"
+  stamp "800M step as quartet train runs it"
+  timeout -s INT -k 20 "${TRAIN_HARD_S:-300}" "$PY" benchmarks/ladder_speed.py --models llama_800m \
+    --configs "${TRAIN_CONFIGS:-bf16:compile,quartet:compile}" --out "$OUT/train_speed_800m.json" \
+    model.batch_size=32 optim.micro_batch_size=32 > "$OUT/train_speed.log" 2>&1
+  grep -v '^{' "$OUT/train_speed.log" | tail -12
+  stamp "done"
+  exit 0
+fi
 
 if command -v ncu >/dev/null; then
   stamp "ncu"
