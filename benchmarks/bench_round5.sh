@@ -37,21 +37,7 @@ if [ "$mode" = train ]; then
   timeout 240 "$PY" -m pytest -q -p no:cacheprovider $xd -rfE tests/kernels tests/quant/test_gpu.py -m "slow or not slow" \
     > "$OUT/gpu_tests.txt" 2>&1; echo "exit $?" >> "$OUT/gpu_tests.txt"
   tail -3 "$OUT/gpu_tests.txt"
-  "$PY" - > "$OUT/probe.txt" 2>&1 <<'PYEOF'
-import torch, torch.nn.functional as F
-from torch.nn.functional import ScalingType
-a = torch.randn(256, 512, device="cuda").to(torch.float8_e4m3fn)
-b = torch.randn(384, 512, device="cuda").to(torch.float8_e4m3fn)
-sa = torch.ones(512 // 128, 256, device="cuda").t()   # (R, K/128) column-major, as the 1x128 recipe wants
-sb = torch.ones(512 // 128, 384, device="cuda").t()
-try:
-    out = F.scaled_mm(a, b.t(), sa, ScalingType.BlockWise1x128, sb.t(), ScalingType.BlockWise1x128,
-                      output_dtype=torch.bfloat16)
-    ref = a.float() @ b.float().t()
-    print("1x128 x 1x128: supported, rel err", ((out.float() - ref).norm() / ref.norm()).item())
-except Exception as exc:  # noqa: BLE001
-    print("1x128 x 1x128: not supported:", type(exc).__name__, str(exc)[:300])
-PYEOF
+  "$PY" benchmarks/scaled_mm_probe.py > "$OUT/probe.txt" 2>&1
   cat "$OUT/probe.txt"
   wait $data_pid; tail -1 "$OUT/data_prepare.log"
   stamp "800M step as quartet train runs it"
