@@ -601,11 +601,16 @@ def meta(argv: list[str], bench: Bench) -> dict:
         triton_version = triton.__version__
     except ImportError:
         triton_version = None
-    commit = _git("rev-parse", "HEAD") or os.environ.get("QUARTET_GIT_COMMIT") or "unknown"
-    dirty = _git("status", "--porcelain", "--untracked-files=no")
+    # QUARTET_GIT_COMMIT wins: a device copy of a working tree can carry a .git whose HEAD is an older commit with
+    # the newer files on top (round 5 found three runs recorded under the session's first commit, "dirty")
+    env_commit = os.environ.get("QUARTET_GIT_COMMIT")
+    head = _git("rev-parse", "HEAD")
+    commit = env_commit or head or "unknown"
+    dirty = None if env_commit else _git("status", "--porcelain", "--untracked-files=no")
     return {
         "command": "quartet bench " + shlex.join(argv), "argv": [sys.executable, *sys.argv],
         "git_commit": commit, "git_dirty": None if dirty is None else bool(dirty),
+        "git_commit_from": "QUARTET_GIT_COMMIT" if env_commit else ("git" if head else None),
         "torch": torch.__version__, "triton": triton_version, "cuda": torch.version.cuda,
         "device": torch.cuda.get_device_name() if bench.cuda else "cpu",
         "capability": list(torch.cuda.get_device_capability()) if bench.cuda else None,

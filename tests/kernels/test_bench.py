@@ -184,3 +184,14 @@ def test_step_models_past_the_budget_are_skipped_and_recorded():
     assert out is live and [r["model"] for r in out["models"]] == ["smoke", "1m"]
     assert all("time budget" in r["skipped"] for r in out["models"])
     assert B.summary_table({"step": out}).splitlines()[0].startswith("step smoke skipped")
+
+
+def test_meta_records_the_commit_it_was_given_over_the_copy_s_git_head(monkeypatch):
+    """A device copy can hold a .git whose HEAD is older than its files: QUARTET_GIT_COMMIT must win."""
+    bench = B.Bench("cpu")
+    monkeypatch.setenv("QUARTET_GIT_COMMIT", "f" * 40)
+    m = B.meta([], bench)
+    assert m["git_commit"] == "f" * 40 and m["git_commit_from"] == "QUARTET_GIT_COMMIT" and m["git_dirty"] is None
+    monkeypatch.delenv("QUARTET_GIT_COMMIT")
+    m = B.meta([], bench)
+    assert m["git_commit_from"] == "git" and m["git_commit"] == B._git("rev-parse", "HEAD")
