@@ -623,6 +623,18 @@ def meta(argv: list[str], bench: Bench) -> dict:
     }
 
 
+#: the timing rule a figure must have been taken under to be quoted (the project's benchmark standard)
+QUOTABLE_RULE = {"min_reps": 20, "min_seconds": 2.0}
+
+
+def quotable(result: dict) -> bool:
+    """Whether a result's figures may be quoted: its schema is complete (no ``problems``) AND its timing rule is at
+    least :data:`QUOTABLE_RULE`. A run with ``--min-reps 3`` is internally consistent (no problems) but not
+    quotable: ``check_result`` judges figures against the run's own rule, this against the project's."""
+    rule = result.get("meta", {}).get("timing", {})
+    return not check_result(result) and all(rule.get(k, 0) >= v for k, v in QUOTABLE_RULE.items())
+
+
 def check_result(result: dict) -> list[str]:
     """Problems with a result's schema: missing meta keys, figures without their spread or below the timing
     minima. Empty when the JSON is complete."""
@@ -724,6 +736,7 @@ def cli_main(argv: list[str] | None = None) -> int:
 
     def write():
         result["problems"] = check_result(result)
+        result["quotable"] = quotable(result)
         result["table"] = summary_table(result).splitlines()
         out.write_text(json.dumps(result, indent=1))
 
@@ -745,6 +758,8 @@ def cli_main(argv: list[str] | None = None) -> int:
     _log(f"wrote {out}")
     for pr in result["problems"]:
         _log(f"problem: {pr}")
+    if not result["quotable"]:
+        _log(f"not quotable: the timing rule is below {QUOTABLE_RULE} or the JSON has problems")
     _log("\n".join(result["table"]))
     return 0
 

@@ -138,7 +138,15 @@ def test_cli_writes_provenance_ceilings_and_spread(tmp_path, capsys):
     assert c["copy"]["n"] >= 3 and c["copy"]["total_s"] >= 0.01 and "spread" in c["copy"]
     assert c["copy"]["bytes"] == 2 * 2**20 and c["copy_GBps"] > 0 and c["peak_bf16_TFLOPs"] > 0
     assert r["problems"] == []
-    assert "copy" in capsys.readouterr().out.splitlines()[-1]  # the short table comes last
+    # consistent with its own rule, but 3 repeats / 0.01 s are below the project's standard: not to be quoted
+    printed = capsys.readouterr().out
+    assert r["quotable"] is False and "not quotable" in printed
+    r["meta"]["timing"].update(min_reps=20, min_seconds=2.0)  # claiming the standard rule exposes the short figures
+    assert not B.quotable(r) and any("timed <" in p or "repeats <" in p for p in B.check_result(r))
+    for fig in (c["copy"], *c["bf16_gemm"].values()):
+        fig.update(n=20, total_s=2.0)
+    assert B.check_result(r) == [] and B.quotable(r)
+    assert "copy" in printed.splitlines()[-1]  # the short table comes last
 
 
 def test_check_result_flags_incomplete_figures():
