@@ -20,11 +20,8 @@
 # PY (default python3), QUARTET_GIT_COMMIT (recorded when the copy has no .git).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-$PWD/.cache/bench_round4}
-mkdir -p "$OUT"
-PY=${PY:-python3}
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/quartet_inductor}
+. cluster/scripts/device_env.sh
+device_env bench_round4
 # a commit for the record when the device copy carries no .git
 if [ -z "${QUARTET_GIT_COMMIT:-}" ] && [ -f .git_commit ]; then export QUARTET_GIT_COMMIT=$(cat .git_commit); fi
 

@@ -16,19 +16,12 @@
 set -uo pipefail
 mode=${1:-kernels}
 cd "$(dirname "$0")/.."
-OUT=${OUT:-$PWD/.cache/bench_round5}
-mkdir -p "$OUT"
-PY=${PY:-python3}
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/quartet_inductor}
+. cluster/scripts/device_env.sh
+device_env bench_round5
 stamp() { echo "== $(date -u +%H:%M:%S) $*"; }
 
 if [ "$mode" = train ]; then
-  if ! "$PY" -c "import hydra, omegaconf, submitit" 2>/dev/null; then
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/quartet_site \
-      .whl/*.whl >/dev/null 2>&1 || { echo "no hydra and no .whl/ (cluster/scripts/ladder_device.sh wheels)"; exit 2; }
-    export PYTHONPATH="/tmp/quartet_site:$PYTHONPATH"
-  fi
+  device_wheels || exit 2
   export WANDB_MODE=disabled QUARTET_CACHE=${QUARTET_CACHE:-$PWD/.cache}
   ( "$PY" -m quartet.cli data prepare data=pycode > "$OUT/data_prepare.log" 2>&1; echo "exit $?" >> "$OUT/data_prepare.log" ) &
   data_pid=$!

@@ -37,11 +37,8 @@ if [ "$mode" = wheels ]; then
 fi
 
 PY=${PY:-python3}
-if ! "$PY" -c "import hydra, omegaconf, submitit" 2>/dev/null; then
-  [ -d .whl ] || { echo "python3 lacks hydra/omegaconf/submitit and there is no .whl/ (run: $0 wheels)" >&2; exit 2; }
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/quartet_site .whl/*.whl || exit 2
-  export PYTHONPATH=/tmp/quartet_site
-fi
+. cluster/scripts/device_env.sh
+device_wheels || exit 2
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 quartet() { "$PY" -m quartet.cli "$@"; }
 

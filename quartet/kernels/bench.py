@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from quartet.kernels.timing import Timing, cuda_event_chunk, input_sets, rotating, time_callable
+from quartet.kernels.timing import MIN_REPS, MIN_SECONDS, Timing, cuda_event_chunk, input_sets, rotating, time_callable
 
 LINEAR_SHAPES = [(16384, 2048, 8192), (16384, 8192, 2048), (16384, 4096, 4096)]
 #: the paper's sizes at the benchmark's micro-batch (vocab 32000, seq 512)
@@ -60,7 +60,7 @@ def _log(msg: str) -> None:
 class Bench:
     """What every section shares: device, timing minima, the run's ceilings, the time budget."""
 
-    def __init__(self, device: str = "cuda", min_reps: int = 20, min_seconds: float = 2.0,
+    def __init__(self, device: str = "cuda", min_reps: int = MIN_REPS, min_seconds: float = MIN_SECONDS,
                  budget_s: float | None = None, engine: str | None = None):
         self.dev = device
         self.cuda = device == "cuda"
@@ -363,7 +363,8 @@ def bench_linear(bench: Bench, shapes=LINEAR_SHAPES, graphs: bool = True, profil
 def _profile(fn, top: int = 14) -> list[dict]:
     """CUDA time per kernel name of a few calls of ``fn`` (torch.profiler), largest first, followed by the aten ops
     that launched GPU work, with their input shapes (``op`` rows: how round 5 found a full-slice backward's zero
-    fill and copy, invisible in kernel names)."""
+    fill and copy, invisible in kernel names). Ops nest (``aten::zeros`` holds ``aten::zero_`` holds
+    ``aten::fill_``), so op rows overlap one another; kernel rows do not."""
     from torch.profiler import ProfilerActivity, profile
 
     for _ in range(3):
@@ -604,9 +605,9 @@ def meta(argv: list[str], bench: Bench) -> dict:
     # QUARTET_GIT_COMMIT wins: a device copy of a working tree can carry a .git whose HEAD is an older commit with
     # the newer files on top (round 5 found three runs recorded under the session's first commit, "dirty")
     env_commit = os.environ.get("QUARTET_GIT_COMMIT")
-    head = _git("rev-parse", "HEAD")
+    head = None if env_commit else _git("rev-parse", "HEAD")
     commit = env_commit or head or "unknown"
-    dirty = None if env_commit else _git("status", "--porcelain", "--untracked-files=no")
+    dirty = _git("status", "--porcelain", "--untracked-files=no") if head else None
     return {
         "command": "quartet bench " + shlex.join(argv), "argv": [sys.executable, *sys.argv],
         "git_commit": commit, "git_dirty": None if dirty is None else bool(dirty),
@@ -623,16 +624,19 @@ def meta(argv: list[str], bench: Bench) -> dict:
     }
 
 
-#: the timing rule a figure must have been taken under to be quoted (the project's benchmark standard)
-QUOTABLE_RULE = {"min_reps": 20, "min_seconds": 2.0}
+#: the timing rule a figure must have been taken under to be quoted (the project's benchmark floor)
+QUOTABLE_RULE = {"min_reps": MIN_REPS, "min_seconds": MIN_SECONDS}
 
 
-def quotable(result: dict) -> bool:
-    """Whether a result's figures may be quoted: its schema is complete (no ``problems``) AND its timing rule is at
-    least :data:`QUOTABLE_RULE`. A run with ``--min-reps 3`` is internally consistent (no problems) but not
-    quotable: ``check_result`` judges figures against the run's own rule, this against the project's."""
+def quotable(result: dict, problems: list[str] | None = None) -> bool:
+    """Whether a result's figures may be quoted: its schema is complete (no ``problems``, computed unless given)
+    AND its timing rule is at least :data:`QUOTABLE_RULE`. A run with ``--min-reps 3`` is internally consistent (no
+    problems) but not quotable: ``check_result`` judges figures against the run's own rule, this against the
+    project's."""
     rule = result.get("meta", {}).get("timing", {})
-    return not check_result(result) and all(rule.get(k, 0) >= v for k, v in QUOTABLE_RULE.items())
+    if problems is None:
+        problems = check_result(result)
+    return not problems and all(rule.get(k, 0) >= v for k, v in QUOTABLE_RULE.items())
 
 
 def check_result(result: dict) -> list[str]:
@@ -708,8 +712,10 @@ def cli_main(argv: list[str] | None = None) -> int:
     p.add_argument("--compile-quantized", action="store_true", help="also torch.compile the quantized models")
     p.add_argument("--no-linear-graphs", action="store_true", help="linear: eager only")
     p.add_argument("--all-recipes", action="store_true", help="quant: also the row-scaled FP8 and MX-code outputs")
-    p.add_argument("--min-reps", type=int, default=20, help="timed repeats per figure, at least (default 20)")
-    p.add_argument("--min-seconds", type=float, default=2.0, help="seconds of timed work per figure, at least")
+    p.add_argument("--min-reps", type=int, default=MIN_REPS,
+                   help=f"timed repeats per figure, at least (default {MIN_REPS})")
+    p.add_argument("--min-seconds", type=float, default=MIN_SECONDS,
+                   help=f"seconds of timed work per figure, at least (default {MIN_SECONDS})")
     p.add_argument("--budget-s", type=float, default=None,
                    help="skip step models (and compiles) once this many seconds have passed")
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
@@ -736,7 +742,7 @@ def cli_main(argv: list[str] | None = None) -> int:
 
     def write():
         result["problems"] = check_result(result)
-        result["quotable"] = quotable(result)
+        result["quotable"] = quotable(result, result["problems"])
         result["table"] = summary_table(result).splitlines()
         out.write_text(json.dumps(result, indent=1))
 

@@ -506,10 +506,11 @@ def _logical(x: torch.Tensor, axis: int):
 
 #: GPU tile (rows, cols, warps); ``QUARTET_QBLOCK=r,k,w`` overrides it (used by the benchmark sweep)
 GPU_BLOCK = (32, 128, 4)  # best overall on H200 (the FP8-fold recipes slow down with 64x64 tiles)
-#: warps of the 128x128-row tiles of ``fp8_block=128`` (the benchmark times 4/8/16)
-#: (16 on an H100, round 5: 196 us vs 212 us at 8 warps for the forward QuEST recipe on 16384x4096, same run;
-#: the tile's registers allow one 8-warp program per SM, so more warps is the only way to more occupancy)
-BLOCK128_WARPS = int(os.environ.get("QUARTET_QBLOCK128_WARPS", "16"))  # the override: tuning sweeps only
+#: warps of the 128x128-row tiles of ``fp8_block=128``: 16 on an H100 (round 5, benchmarks/bench_round5.sh's sweep:
+#: 196 us vs 212 us at 8 and 289 us at 4 warps for the forward QuEST recipe on 16384x4096, one device call, one process
+#: per setting). The tile's registers allow one 8-warp program per SM, so more warps is the only way to more
+#: occupancy. ``QUARTET_QBLOCK128_WARPS`` overrides it (the sweep).
+BLOCK128_WARPS = int(os.environ.get("QUARTET_QBLOCK128_WARPS", "16"))
 
 
 def _blocks(R: int, K: int, device: torch.device) -> tuple[int, int, int]:
