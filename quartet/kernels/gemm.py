@@ -26,21 +26,25 @@ def hopper_fp8_mm(a: QuantizedOperand, b: QuantizedOperand, out_dtype: torch.dty
     """``a @ b.T`` for two FP8-folded operands (R_a, K) and (R_b, K) → (R_a, R_b).
 
     Row-scaled operands go through ``torch._scaled_mm`` (rowwise scales); block-scaled ones (``a``
-    with 1×128 blocks, ``b`` with 128×128 blocks, see ``mx_quantize(fp8_block=...)``) through
+    with 1×128 blocks, ``b`` with 128×128 or 1×128 blocks, see ``mx_quantize(fp8_block=...)``) through
     ``F.scaled_mm`` with the ``BlockWise1x128`` / ``BlockWise128x128`` recipes (no fast accumulation:
-    cuBLAS refuses it for block scaling).
+    cuBLAS refuses it for block scaling). A 1×128-scaled ``b`` passes its ``(R_b, K/128)`` column-major scales
+    as they are: that is the layout cuBLAS takes for the right operand's 1×128 recipe (``benchmarks/scaled_mm_probe.py``).
     """
     if a.fp8 is None or b.fp8 is None:
         raise ValueError("hopper_fp8_mm needs operands quantized with fp8='e4m3'|'e5m2'")
     if a.fp8.dtype == torch.float8_e5m2 and b.fp8.dtype == torch.float8_e5m2:
         raise ValueError("FP8 GEMM: at most one operand may be e5m2")
     if a.block_scale is not None or b.block_scale is not None:
-        if a.scale_rows != 1 or b.scale_rows != 128:
-            raise ValueError("block-scaled FP8 GEMM needs a with 1x128 blocks and b with 128x128 blocks, got "
+        if a.scale_rows != 1 or b.scale_rows not in (1, 128):
+            raise ValueError("block-scaled FP8 GEMM needs a with 1x128 blocks and b with 128x128 or 1x128 blocks, got "
                              f"{a.scale_rows}x128 and {b.scale_rows}x128")
         import torch.nn.functional as F
         from torch.nn.functional import ScalingType
 
+        if b.scale_rows == 1:
+            return F.scaled_mm(a.fp8, b.fp8.t(), a.block_scale, ScalingType.BlockWise1x128,
+                               b.block_scale, ScalingType.BlockWise1x128, output_dtype=out_dtype)
         return F.scaled_mm(a.fp8, b.fp8.t(), a.block_scale, ScalingType.BlockWise1x128,
                            b.block_scale.t(), ScalingType.BlockWise128x128, output_dtype=out_dtype)
     return torch._scaled_mm(a.fp8, b.fp8.t(), scale_a=a.row_scale, scale_b=b.row_scale.t(),

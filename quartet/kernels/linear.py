@@ -21,6 +21,8 @@ GEMM engines: ``hopper_fp8`` (FP8 tensor cores on exactly folded values), ``blac
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 from quartet.kernels import fp8_block_linear, fp8_linear
@@ -38,8 +40,15 @@ ROW_EXP = "fused"
 #: tokens are zero-padded to 128) — or "row": one scale per row (``torch._scaled_mm`` rowwise), which
 #: needs each row's largest group exponent first (ROW_EXP)
 FP8_SCALING = "block"
-#: block rows of the two GEMM operands when block-scaled: left (X, E, Eᵀ) 1×128, right (W, Ŵᵀ, X̂ᵀ) 128×128
-LEFT_BLOCK, RIGHT_BLOCK = 1, 128
+#: block rows of the two GEMM operands when block-scaled: left (X, E, Eᵀ) 1×128; right (W, Ŵᵀ, X̂ᵀ) 128×128 or
+#: 1×128 (cuBLAS multiplies two 1×128-scaled operands too; the 1×128 quantizer tile runs at twice the 128×128
+#: tile's occupancy). ``QUARTET_RIGHT_BLOCK`` overrides it (benchmarks/layer_variants.py times both in one process
+#: by setting this attribute before each variant is built). Read when a layer runs, and recorded with what it saves.
+LEFT_BLOCK = 1
+RIGHT_BLOCK = int(os.environ.get("QUARTET_RIGHT_BLOCK", "128"))
+#: save the forward's QuEST masks packed (one int32 word per 32-group) instead of one bool per element: an eighth of
+#: the bytes written by the forward quantizers, read by the backward's inverse rotations, and held between the two
+MASK_BITS = os.environ.get("QUARTET_MASK_BITS", "0") == "1"
 
 
 class _Ctx:
@@ -139,10 +148,12 @@ def _as_bf16_input(t: torch.Tensor) -> tuple[torch.Tensor, dict]:
     return t.to(torch.bfloat16), {}
 
 
-def _forward_gemm(x2d: torch.Tensor, weight: torch.Tensor, state: _Ctx, blocks: bool):
+def _forward_gemm(x2d: torch.Tensor, weight: torch.Tensor, state: _Ctx, blocks: bool, right_block: int = 128,
+                  mask_bits: bool = False):
     """Forward of the layer on a 2-D ``x2d`` (tokens padded): ``y`` and the six tensors the backward needs
     (``X̂``, its scales, its QuEST mask, ``Ŵ``, its scales, its mask; a scale is None on engines that keep
-    dequantized bf16 values)."""
+    dequantized bf16 values). With ``blocks`` the right operand W is scaled per ``right_block``×128 block;
+    ``mask_bits`` keeps the masks packed (int32 words, see ``mx_quantize``)."""
     # float32 operands (training's master weight; an input outside autocast) are rounded to bf16 by the quantizer
     # as it loads them — the same bf16 operand without a cast kernel and its copy
     x_in, cx = _as_bf16_input(x2d)
@@ -152,22 +163,27 @@ def _forward_gemm(x2d: torch.Tensor, weight: torch.Tensor, state: _Ctx, blocks: 
     # already used (1 byte/element, no bf16 copy); elsewhere as exact bf16 values.
     fp8 = state.engine == "hopper_fp8"
     # block-scaled FP8: X (the GEMM's left operand) per 1×128, W (right) per 128×128 block
-    bx, bw = ({"fp8_block": LEFT_BLOCK}, {"fp8_block": RIGHT_BLOCK}) if blocks else ({}, {})
-    qx = _q(x_in, state, rule="quest", mask=True, deq=not fp8, **bx, **cx)
-    qw = _q(w_in, state, rule="quest", mask=True, deq=not fp8, **bw, **cw)
+    bx, bw = ({"fp8_block": LEFT_BLOCK}, {"fp8_block": right_block}) if blocks else ({}, {})
+    qx = _q(x_in, state, rule="quest", mask=True, mask_bits=mask_bits, deq=not fp8, **bx, **cx)
+    qw = _q(w_in, state, rule="quest", mask=True, mask_bits=mask_bits, deq=not fp8, **bw, **cw)
     state.add_flushed(qx, qw)
     y = _mm(state, qx, qw)
+    mx_, mw = (qx.mask_bits, qw.mask_bits) if mask_bits else (qx.mask, qw.mask)
     if blocks:
-        saved = (qx.fp8, qx.block_scale, qx.mask, qw.fp8, qw.block_scale, qw.mask)
+        saved = (qx.fp8, qx.block_scale, mx_, qw.fp8, qw.block_scale, mw)
     elif fp8:
-        saved = (qx.fp8, qx.row_scale, qx.mask, qw.fp8, qw.row_scale, qw.mask)
+        saved = (qx.fp8, qx.row_scale, mx_, qw.fp8, qw.row_scale, mw)
     else:
-        saved = (qx.deq, None, qx.mask, qw.deq, None, qw.mask)
+        saved = (qx.deq, None, mx_, qw.deq, None, mw)
     return y, saved
 
 
-def _backward_gemms(e: torch.Tensor, saved, st: _Ctx, blocks: bool, s_dx, s_dw, seeds) -> tuple[torch.Tensor, torch.Tensor]:
+def _backward_gemms(e: torch.Tensor, saved, st: _Ctx, blocks: bool, s_dx, s_dw, seeds,
+                    right_block: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
     """Both backward GEMMs: ``dX`` (bf16) and ``dW`` (float32) from the output gradient ``e``.
+
+    ``right_block`` is the forward's (the saved Ŵ's block rows); the backward's right operands use it too.
+    The saved masks are bool per element or packed words: the inverse rotation reads either.
 
     ``s_dx`` / ``s_dw`` are the random Hadamard signs of the two GEMMs (a 32-bit mask or a device tensor of
     32 ±1) and ``seeds`` maps ``dx_e, dx_w, dw_e, dw_x`` to their SR seeds (ints or one-element device
@@ -176,10 +192,10 @@ def _backward_gemms(e: torch.Tensor, saved, st: _Ctx, blocks: bool, s_dx, s_dw, 
     e = e.contiguous().to(torch.bfloat16)
     kw = dict(rule="absmax", stochastic=st.stochastic)
     if blocks:
-        # left operands (E, Eᵀ) per 1×128 block, right ones (Ŵᵀ, X̂ᵀ) per 128×128; the saved FP8
+        # left operands (E, Eᵀ) per 1×128 block, right ones (Ŵᵀ, X̂ᵀ) per right_block×128; the saved FP8
         # X̂ / Ŵ are read back through their block scales
-        left, right = {"fp8_block": LEFT_BLOCK}, {"fp8_block": RIGHT_BLOCK}
-        in_w, in_x = {"in_scale_rows": RIGHT_BLOCK}, {"in_scale_rows": LEFT_BLOCK}
+        left, right = {"fp8_block": LEFT_BLOCK}, {"fp8_block": right_block}
+        in_w, in_x = {"in_scale_rows": right_block}, {"in_scale_rows": LEFT_BLOCK}
     else:
         left = right = in_w = in_x = {}
     # dX̂ = E Ŵ, reduced over out: E grouped along its rows, Ŵᵀ read from Ŵ's columns
@@ -202,9 +218,9 @@ class QuartetLinearFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x2d: torch.Tensor, weight: torch.Tensor, state: _Ctx, call: int = 0):
         blocks = _use_blocks(state, weight.shape[1], weight.shape[0]) and x2d.shape[0] % 128 == 0
-        y, saved = _forward_gemm(x2d, weight, state, blocks)
+        y, saved = _forward_gemm(x2d, weight, state, blocks, RIGHT_BLOCK, MASK_BITS)
         ctx.save_for_backward(*saved)
-        ctx.blocks = blocks
+        ctx.blocks, ctx.right_block = blocks, RIGHT_BLOCK
         ctx.state, ctx.call = state, call
         ctx.wdtype = weight.dtype
         return y
@@ -216,7 +232,7 @@ class QuartetLinearFn(torch.autograd.Function):
         # one set of random signs per backward GEMM, as in the reference QuantLinear
         s_dx, s_dw = st.sign_arg(call, "dx", dev), st.sign_arg(call, "dw", dev)
         seeds = {slot: st.operand_seed(call, slot, dev) for slot in BACKWARD_OPERANDS}
-        dx, dw = _backward_gemms(e, ctx.saved_tensors, st, ctx.blocks, s_dx, s_dw, seeds)
+        dx, dw = _backward_gemms(e, ctx.saved_tensors, st, ctx.blocks, s_dx, s_dw, seeds, ctx.right_block)
         return dx, dw.to(ctx.wdtype), None, None
 
 
@@ -256,31 +272,39 @@ _SCALE_DTYPE = torch.float32
 
 @torch.library.custom_op("quartet::fused_linear_fwd", mutates_args=())
 def fused_linear_fwd(x: torch.Tensor, weight: torch.Tensor, signs: torch.Tensor, seeds: torch.Tensor, engine: str,
-                     stochastic: bool, blocks: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                                                              torch.Tensor, torch.Tensor, torch.Tensor]:
+                     stochastic: bool, blocks: bool, right_block: int = 128,
+                     mask_bits: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                                       torch.Tensor, torch.Tensor, torch.Tensor]:
     """``Y = QuEST(X H) QuEST(W H)ᵀ`` of a 2-D ``x`` (tokens padded to 32, or 128 with ``blocks``) and what the
     backward needs: ``(y, X̂, X̂ scales, X mask, Ŵ, Ŵ scales, W mask)``. ``signs`` / ``seeds`` (the
-    backward's draws) are only carried to the backward. Scales are the stored form: a block scale of X̂ is
-    the contiguous ``(K/128, T)`` tensor; engines without FP8 give empty scales."""
-    y, saved = _forward_gemm(x, weight, _Ctx(engine, stochastic), blocks)
+    backward's draws) are only carried to the backward. Scales are the stored form: a 1×128 block scale is
+    the contiguous ``(K/128, rows)`` tensor (X̂'s; Ŵ's with ``right_block=1``); engines without FP8 give empty
+    scales. Masks are bool per element, or int32 words per 32-group with ``mask_bits``."""
+    y, saved = _forward_gemm(x, weight, _Ctx(engine, stochastic), blocks, right_block, mask_bits)
     xq, xs, xm, wq, ws, wm = saved
     empty = x.new_empty(0, dtype=_SCALE_DTYPE)
     xs = empty if xs is None else (xs.t() if blocks else xs)
-    ws = empty.clone() if ws is None else ws
+    ws = empty.clone() if ws is None else (ws.t() if blocks and right_block == 1 else ws)
     return y, xq, xs, xm, wq, ws, wm
 
 
 @fused_linear_fwd.register_fake
-def _fused_linear_fwd_fake(x, weight, signs, seeds, engine, stochastic, blocks):
+def _fused_linear_fwd_fake(x, weight, signs, seeds, engine, stochastic, blocks, right_block=128, mask_bits=False):
     T, K = x.shape
     N = weight.shape[0]
     y = x.new_empty((T, N), dtype=torch.bfloat16)
-    xm, wm = x.new_empty((T, K), dtype=torch.bool), x.new_empty((N, K), dtype=torch.bool)
+    if mask_bits:
+        xm, wm = x.new_empty((T, K // 32), dtype=torch.int32), x.new_empty((N, K // 32), dtype=torch.int32)
+    else:
+        xm, wm = x.new_empty((T, K), dtype=torch.bool), x.new_empty((N, K), dtype=torch.bool)
     if engine == "hopper_fp8":
         xq, wq = x.new_empty((T, K), dtype=torch.float8_e4m3fn), x.new_empty((N, K), dtype=torch.float8_e4m3fn)
         if blocks:
             xs = x.new_empty((K // 128, T), dtype=_SCALE_DTYPE)
-            ws = x.new_empty((-(-N // 128), -(-(K // 128) // 4) * 4), dtype=_SCALE_DTYPE)
+            if right_block == 1:
+                ws = x.new_empty((K // 128, N), dtype=_SCALE_DTYPE)
+            else:
+                ws = x.new_empty((-(-N // 128), -(-(K // 128) // 4) * 4), dtype=_SCALE_DTYPE)
         else:
             xs, ws = x.new_empty((T, 1), dtype=_SCALE_DTYPE), x.new_empty((N, 1), dtype=_SCALE_DTYPE)
     else:
@@ -292,34 +316,38 @@ def _fused_linear_fwd_fake(x, weight, signs, seeds, engine, stochastic, blocks):
 @torch.library.custom_op("quartet::fused_linear_bwd", mutates_args=())
 def fused_linear_bwd(e: torch.Tensor, xq: torch.Tensor, xs: torch.Tensor, xm: torch.Tensor, wq: torch.Tensor,
                      ws: torch.Tensor, wm: torch.Tensor, signs: torch.Tensor, seeds: torch.Tensor, engine: str,
-                     stochastic: bool, blocks: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                     stochastic: bool, blocks: bool, right_block: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
     """``(dX bf16, dW float32)`` of :func:`fused_linear_fwd`; ``signs`` (2, 32) are the dx / dw GEMMs' Hadamard
     signs and ``seeds`` (4,) int64 the SR seeds of ``dx_e, dx_w, dw_e, dw_x``, both on the device."""
     if xs.numel() == 0:
         xs = ws = None
     elif blocks:
         xs = xs.t()  # back to the (T, K/128) column-major view the quantizer reads
+        if right_block == 1:
+            ws = ws.t()
     saved = (xq, xs, xm, wq, ws, wm)
     slot_seeds = {slot: seeds[i:i + 1] for i, slot in enumerate(BACKWARD_OPERANDS)}
-    return _backward_gemms(e, saved, _Ctx(engine, stochastic), blocks, signs[0], signs[1], slot_seeds)
+    return _backward_gemms(e, saved, _Ctx(engine, stochastic), blocks, signs[0], signs[1], slot_seeds, right_block)
 
 
 @fused_linear_bwd.register_fake
-def _fused_linear_bwd_fake(e, xq, xs, xm, wq, ws, wm, signs, seeds, engine, stochastic, blocks):
-    return e.new_empty(xm.shape, dtype=torch.bfloat16), e.new_empty(wm.shape, dtype=torch.float32)
+def _fused_linear_bwd_fake(e, xq, xs, xm, wq, ws, wm, signs, seeds, engine, stochastic, blocks, right_block=128):
+    return (e.new_empty(xq.shape, dtype=torch.bfloat16),
+            e.new_empty(wq.shape, dtype=torch.float32))
 
 
 def _fused_setup_context(ctx, inputs, output):
-    x, weight, signs, seeds, engine, stochastic, blocks = inputs
+    x, weight, signs, seeds, engine, stochastic, blocks, right_block, _mask_bits = inputs
     ctx.save_for_backward(*output[1:], signs, seeds)
-    ctx.engine, ctx.stochastic, ctx.blocks = engine, stochastic, blocks
+    ctx.engine, ctx.stochastic, ctx.blocks, ctx.right_block = engine, stochastic, blocks, right_block
     ctx.x_dtype, ctx.w_dtype = x.dtype, weight.dtype
 
 
 def _fused_backward(ctx, gy, *_unused):
     xq, xs, xm, wq, ws, wm, signs, seeds = ctx.saved_tensors
-    dx, dw = fused_linear_bwd(gy, xq, xs, xm, wq, ws, wm, signs, seeds, ctx.engine, ctx.stochastic, ctx.blocks)
-    return dx.to(ctx.x_dtype), dw.to(ctx.w_dtype), None, None, None, None, None
+    dx, dw = fused_linear_bwd(gy, xq, xs, xm, wq, ws, wm, signs, seeds, ctx.engine, ctx.stochastic, ctx.blocks,
+                              ctx.right_block)
+    return dx.to(ctx.x_dtype), dw.to(ctx.w_dtype), None, None, None, None, None, None, None
 
 
 fused_linear_fwd.register_autograd(_fused_backward, setup_context=_fused_setup_context)
@@ -335,7 +363,7 @@ def traceable_fused_forward(x: torch.Tensor, weight: torch.Tensor, signs: torch.
     _check_features(in_features, out_features)
     blocks = _blocks_for(engine, in_features, out_features)
     x2, T = fp8_linear.pad_tokens(x, 128 if blocks else 32)
-    y = fused_linear_fwd(x2, weight, signs, seeds, engine, stochastic, blocks)[0]
+    y = fused_linear_fwd(x2, weight, signs, seeds, engine, stochastic, blocks, RIGHT_BLOCK, MASK_BITS)[0]
     return fp8_linear.unpad_tokens(y, T).reshape(*x.shape[:-1], out_features)
 
 

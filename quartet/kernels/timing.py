@@ -96,6 +96,39 @@ def time_callable(fn: Callable[[], object], *, min_reps: int = MIN_REPS, min_sec
                   min_ms=min(ms), max_ms=max(ms), n=len(ms), total_s=sum(times), warmup_n=len(warm))
 
 
+def time_interleaved(fns: dict[str, Callable[[], object]], *, min_reps: int = MIN_REPS, min_seconds: float = MIN_SECONDS,
+                     warmup_reps: int = 3, chunk_seconds: float = 0.05, max_rounds: int = 100_000,
+                     run_chunk: ChunkRunner | None = None) -> dict[str, Timing]:
+    """Time several variants of one piece of work *interleaved*: round after round, a short chunk of each in turn,
+    until every variant has ``min_reps`` repeats and ``min_seconds`` of timed work (the module's rule).
+
+    Why: the kernels compared here are instruction-bound, so their speed follows the SM clock, and an H100 at its
+    power cap moves that clock by ~40% within seconds (1350 vs 1980 MHz were seen a section apart). Timing variant A
+    to completion and then B compares clocks as much as code; interleaving ~``chunk_seconds`` slices puts every
+    variant under the same clock history, so the ratios between them hold even where the absolute times drift."""
+    if not fns:
+        raise ValueError("time_interleaved needs at least one callable")
+    if min_reps < 1 or min_seconds < 0:
+        raise ValueError("min_reps must be >= 1 and min_seconds >= 0")
+    run = run_chunk or cuda_event_chunk
+    per = {}
+    for name, fn in fns.items():  # warm-up (JIT, compile, allocator growth), and a first duration for the chunk size
+        per[name] = max(statistics.median(run(fn, warmup_reps)), 1e-7)
+    times: dict[str, list] = {name: [] for name in fns}
+    warm = {name: warmup_reps for name in fns}
+    for _ in range(max_rounds):
+        if all(len(t) >= min_reps and sum(t) >= min_seconds for t in times.values()):
+            break
+        for name, fn in fns.items():
+            times[name] += run(fn, max(1, math.ceil(chunk_seconds / per[name])))
+    out = {}
+    for name, t in times.items():
+        ms = [x * 1e3 for x in t]
+        out[name] = Timing(median_ms=statistics.median(ms), p10_ms=percentile(ms, 0.1), p90_ms=percentile(ms, 0.9),
+                           min_ms=min(ms), max_ms=max(ms), n=len(ms), total_s=sum(t), warmup_n=warm[name])
+    return out
+
+
 def _chunk(seen: list, reps_left: int, seconds_left: float, max_chunk_seconds: float, cap: int) -> int:
     """Repeats in the next chunk: enough for both minima by the median duration seen, at most ~max_chunk_seconds."""
     per = max(statistics.median(seen), 1e-7)

@@ -158,7 +158,7 @@ if HAS_TRITON:
         IN_SCALE: tl.constexpr, COL_ORDER: tl.constexpr, FP8_SHIFT: tl.constexpr, SEED_PTR: tl.constexpr,
         BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, IN_T: tl.constexpr = False, IN_BR: tl.constexpr = 1,
         SCALE_BR: tl.constexpr = 1, FACTOR: tl.constexpr = 1.0, CAST_BF16: tl.constexpr = False,
-        FP8_MIN_D: tl.constexpr = -8,
+        FP8_MIN_D: tl.constexpr = -8, MASK_BITS: tl.constexpr = False,
     ):
         # The tile is handled as G groups x 32 elements from the start (no reshapes): group g covers
         # logical row r(g), columns k0(g) .. k0(g)+31. COL_ORDER numbers groups row-fastest, so that
@@ -307,7 +307,14 @@ if HAS_TRITON:
             out_offs = rows[:, None].to(tl.int64) * K + kk
 
             if WRITE_MASK:
-                tl.store(mask_ptr + out_offs, ((a < 6.0) & ~nan_g[:, None]).to(tl.int8), mask=inb)
+                keep = (a < 6.0) & ~nan_g[:, None]
+                if MASK_BITS:
+                    # one 32-bit word per group, bit c = element c: an eighth of the int8 mask's bytes, written
+                    # here and read by the backward's inverse rotation (distinct powers of two: the sum is an OR)
+                    words = tl.sum(keep.to(tl.int32) << c[None, :], axis=1)
+                    tl.store(mask_ptr + rows.to(tl.int64) * (K // 32) + k0 // 32, words, mask=rmask)
+                else:
+                    tl.store(mask_ptr + out_offs, keep.to(tl.int8), mask=inb)
             if WRITE_DEQ:
                 if RULE == 1:
                     deq = (tl.where(neg, -q, q) * _exp2i(e)[:, None]) * 1.3333333333333333
@@ -404,12 +411,20 @@ if HAS_TRITON:
         inb = (offs_r[:, None] < R) & (offs_k[None, :] < K)
         offs = offs_r[:, None].to(tl.int64) * K + offs_k[None, :]
         g = tl.load(g_ptr + offs, mask=inb, other=0.0).to(tl.float32)
-        if HAS_MASK:
+        if HAS_MASK == 1:  # one int8 per element
             m = tl.load(mask_ptr + offs, mask=inb, other=0)
             g = tl.where(m != 0, g, 0.0)
         j = tl.arange(0, 32)
         h = tl.load(h_ptr + j[:, None] * 32 + j[None, :])
         gg = tl.reshape(g, (G, 32))
+        if HAS_MASK == 2:  # one int32 word per 32-group (mx_quantize(mask_bits=True)): bit j keeps element j
+            NJ: tl.constexpr = BLOCK_K // 32
+            gi = tl.arange(0, G)
+            wrow = tl.program_id(0) * BLOCK_R + gi // NJ
+            wcol = tl.program_id(1) * NJ + gi % NJ
+            words = tl.load(mask_ptr + wrow.to(tl.int64) * (K // 32) + wcol, mask=(wrow < R) & (wcol < K // 32),
+                            other=0)
+            gg = tl.where(((words[:, None] >> j[None, :]) & 1) != 0, gg, 0.0)
         # H is symmetric, so H^T = H; a bf16 high part plus a bf16 low part keeps ~16 bits of an fp32 input
         if DOT_MODE == 0:  # exact fp32 (the CPU interpreter)
             y = tl.dot(gg, h, input_precision="ieee")
@@ -456,11 +471,20 @@ def signs_to_bits(signs: torch.Tensor) -> int:
     return sum(1 << i for i, n in enumerate(neg) if n)
 
 
+def unpack_mask_bits(words: torch.Tensor) -> torch.Tensor:
+    """The bool ``(R, 32·W)`` mask of packed int32 words ``(R, W)`` (bit ``c`` of word ``j``: element ``32·j + c``)."""
+    if words.dtype != torch.int32 or words.dim() != 2:
+        raise ValueError(f"expected 2-D int32 mask words, got {words.dtype} of shape {tuple(words.shape)}")
+    bit = torch.arange(32, device=words.device, dtype=torch.int32)
+    return ((words.unsqueeze(-1) >> bit) & 1).bool().reshape(words.shape[0], -1)
+
+
 class QuantizedOperand:
     """One quantized GEMM operand, always laid out ``(R, K)`` row-major with groups of 32 along ``K``.
 
     Fields are ``None`` unless requested: ``deq`` (dequantized values, bf16 by default), ``mask`` (bool,
-    QuEST "not clipped"), ``fp8`` + ``row_scale`` (``(R, 1)`` float32; ``fp8 * row_scale == deq`` where
+    QuEST "not clipped") or ``mask_bits`` (the same packed: int32 ``(R, K/32)``, bit ``c`` of word ``j`` for element
+    ``32·j + c``), ``fp8`` + ``row_scale`` (``(R, 1)`` float32; ``fp8 * row_scale == deq`` where
     nothing was flushed), ``codes`` (``(R, K/2)`` uint8, two E2M1 codes per byte, low nibble first) +
     ``e8m0`` (``(R, K/32)`` uint8 biased exponents), ``flushed`` (int32 count of FP8 values that are not
     exact), ``factor`` (the non-power-of-two part of the scale that E8M0 cannot hold: 4/3 for the
@@ -471,7 +495,7 @@ class QuantizedOperand:
     tensors ``F.scaled_mm`` takes (the second transposed, as the scale of ``b.T``).
     """
 
-    __slots__ = ("deq", "mask", "fp8", "row_scale", "codes", "e8m0", "flushed", "factor", "rowexp", "fp8_shift",
+    __slots__ = ("deq", "mask", "mask_bits", "fp8", "row_scale", "codes", "e8m0", "flushed", "factor", "rowexp", "fp8_shift",
                  "block_scale", "scale_rows")
 
     def __init__(self, **kw):
@@ -548,6 +572,7 @@ def mx_quantize(
     fp8_block: int | None = None,
     in_scale_rows: int | None = None,
     cast_bf16: bool = False,
+    mask_bits: bool = False,
 ) -> QuantizedOperand:
     """Quantize a 2-D operand to MXFP4 in one fused pass (plus a row-exponent pass when ``fp8`` is set).
 
@@ -579,6 +604,9 @@ def mx_quantize(
     of 128. Exact while the 4 (or 4×128) groups of a block span ≤ ~14 binades (e4m3); flushes are counted.
     ``cast_bf16`` rounds a float32 ``x`` to bf16 as the kernel loads it: the same operand as
     ``mx_quantize(x.to(torch.bfloat16), ...)`` without the cast's kernel and copy (the fused layer's weight).
+    ``mask_bits`` (with ``mask``) writes the QuEST mask packed, one int32 word per 32-group (``mask_bits``
+    ``(R, K/32)``: bit ``c`` of word ``j`` is element ``32·j + c``; :func:`unpack_mask_bits`) instead of one bool per
+    element — what the fused layer saves for its backward, an eighth of the bytes.
     """
     if not HAS_TRITON:
         raise RuntimeError("triton is not installed; the fused quantizers need it")
@@ -607,7 +635,11 @@ def mx_quantize(
     out = QuantizedOperand(factor=4.0 / 3.0 if rule == "absmax" else 1.0)
     if deq:
         out.deq = torch.empty(R, K, device=dev, dtype=out_dtype)
-    if mask:
+    if mask_bits and not mask:
+        raise ValueError("mask_bits packs the QuEST mask: ask for mask=True too")
+    if mask and mask_bits:
+        out.mask_bits = torch.empty(R, K // 32, device=dev, dtype=torch.int32)
+    elif mask:
         out.mask = torch.empty(R, K, device=dev, dtype=torch.bool)
     in_s0 = in_s1 = 0
     if in_scale is not None and in_scale_rows is not None:
@@ -640,9 +672,9 @@ def mx_quantize(
                   else 2),
         CAST_BF16=bool(cast_bf16),
         IN_SCALE=in_mode, COL_ORDER=(s_r == 1 and s_k != 1), BLOCK_R=br, BLOCK_K=bk, num_warps=warps,
-        IN_T=axis == 0, IN_BR=in_scale_rows or 1,
+        IN_T=axis == 0, IN_BR=in_scale_rows or 1, MASK_BITS=bool(mask_bits),
     )
-    mask_t = out.mask.view(torch.int8) if mask else dummy
+    mask_t = out.mask_bits if mask_bits else out.mask.view(torch.int8) if mask else dummy
     deq_t = out.deq if deq else dummy
     codes_t = e8_t = fp8_t = rowexp = dummy
     flush_in, flush = flush, dummy
@@ -745,7 +777,9 @@ def masked_inverse_hadamard(g: torch.Tensor, mask: torch.Tensor | None, scale: f
     """``((g ⊙ mask)·scale) @ blockdiag(H₃₂)ᵀ`` along the last dim of a 2-D ``g`` (one fused pass).
 
     This is the straight-through backward of the rotated QuEST quantizer: zero the gradient where the
-    forward value was clipped, then rotate back to the input basis.
+    forward value was clipped, then rotate back to the input basis. ``mask`` is bool ``(R, K)`` (one flag per
+    element) or the packed int32 ``(R, K/32)`` words of ``mx_quantize(mask_bits=True)`` (bit ``c`` of word ``j``
+    keeps element ``32·j + c``), or None (nothing masked).
     """
     if not HAS_TRITON:
         raise RuntimeError("triton is not installed; the fused kernels need it")
@@ -757,8 +791,17 @@ def masked_inverse_hadamard(g: torch.Tensor, mask: torch.Tensor | None, scale: f
     while K % bk:
         bk //= 2
     out = torch.empty(R, K, device=g.device, dtype=out_dtype or g.dtype)
-    m = mask.contiguous().view(torch.int8) if mask is not None else g
+    if mask is None:
+        m, mask_mode = g, 0
+    elif mask.dtype == torch.int32:
+        if tuple(mask.shape) != (R, K // 32):
+            raise ValueError(f"packed mask words must be ({R}, {K // 32}) for g {tuple(g.shape)}, got {tuple(mask.shape)}")
+        m, mask_mode = mask.contiguous(), 2
+    else:
+        if tuple(mask.shape) != (R, K):
+            raise ValueError(f"mask must have g's shape {tuple(g.shape)}, got {tuple(mask.shape)}")
+        m, mask_mode = mask.contiguous().view(torch.int8), 1
     _masked_ihadamard_kernel[(triton.cdiv(R, br), triton.cdiv(K, bk))](
-        g, m, _hmat(g.device), out, R, K, float(scale), HAS_MASK=mask is not None,
+        g, m, _hmat(g.device), out, R, K, float(scale), HAS_MASK=mask_mode,
         DOT_MODE=0 if g.device.type != "cuda" else (1 if g.dtype == torch.bfloat16 else 2), BLOCK_R=br, BLOCK_K=bk, num_warps=warps)
     return out

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from quartet.kernels import bench as B
-from quartet.kernels.timing import input_sets, percentile, rotating, time_callable
+from quartet.kernels.timing import input_sets, percentile, rotating, time_callable, time_interleaved
 
 
 def fake_clock(durations):
@@ -32,6 +32,33 @@ def test_fast_callable_runs_until_two_seconds_of_work():
     assert t.total_s < 2.0 + 0.5 + 1e-9  # chunks of at most ~0.5 s: it stops soon after both minima
     assert t.median_ms == pytest.approx(1.0) and t.spread == 0
     assert len(calls) == t.n + t.warmup_n  # every timed repeat called the function once
+
+
+def test_interleaved_variants_share_the_clock_history():
+    """Two variants of equal work under a clock that slows down halfway (a GPU reaching its power cap): timed one
+    after the other they would differ by the slowdown; interleaved, each sees both phases and their ratio is 1."""
+    order = []
+
+    def run(fn, k):
+        out = []
+        for _ in range(k):
+            fn()
+            slow = len(order) >= 3000
+            out.append(1e-3 * (1.5 if slow else 1.0))
+            order.append(fn)
+        return out
+
+    a, b = (lambda: None), (lambda: None)
+    t = time_interleaved({"a": a, "b": b}, min_reps=20, min_seconds=2.0, chunk_seconds=0.05, run_chunk=run)
+    assert min(t["a"].n, t["b"].n) >= 20 and min(t["a"].total_s, t["b"].total_s) >= 2.0
+    # both variants ran in many alternating slices, before and after the slowdown
+    switches = sum(1 for x, y in zip(order, order[1:]) if x is not y)
+    assert switches > 50
+    slow_share = [sum(1 for i, f in enumerate(order) if f is v and i >= 3000) / t[n].n for n, v in (("a", a), ("b", b))]
+    assert abs(slow_share[0] - slow_share[1]) < 0.05
+    assert t["a"].warmup_n == 3 and t["b"].warmup_n == 3
+    with pytest.raises(ValueError):
+        time_interleaved({})
 
 
 def test_slow_callable_runs_at_least_twenty_repeats():
@@ -203,3 +230,44 @@ def test_meta_records_the_commit_it_was_given_over_the_copy_s_git_head(monkeypat
     monkeypatch.delenv("QUARTET_GIT_COMMIT")
     m = B.meta([], bench)
     assert m["git_commit_from"] == "git" and m["git_commit"] == B._git("rev-parse", "HEAD")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU smoke run needs Triton's interpreter (CPU-only machines)")
+def test_layer_variants_smoke_run_restores_the_layer_flags(tmp_path):
+    """benchmarks/layer_variants.py end to end on the CPU (tiny shape, eager, Triton interpreter): every variant and
+    BF16 get a figure and a ratio, and the layer's module flags are what they were before (each variant sets them only
+    while it is built and run)."""
+    import importlib.util
+
+    from quartet.kernels import linear as L
+
+    spec = importlib.util.spec_from_file_location("layer_variants", B.REPO / "benchmarks" / "layer_variants.py")
+    lv = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lv)
+    before = (L.RIGHT_BLOCK, L.MASK_BITS)
+    out = tmp_path / "lv.json"
+    assert lv.main(["--device", "cpu", "--smoke", "--out", str(out)]) == 0
+    assert (L.RIGHT_BLOCK, L.MASK_BITS) == before
+    r = json.loads(out.read_text())
+    (row,) = r["shapes"]
+    assert set(row["figures"]) == {"bf16", "r128_bool", "r1_bits"} and set(row["ratio_to_bf16"]) == {"r128_bool", "r1_bits"}
+    assert all(f["n"] >= 2 and f["median_ms"] > 0 for f in row["figures"].values())
+    assert r["meta"]["timing"]["order"].startswith("interleaved") and r["table"]
+    # a variant's flags are in force while it runs: the packed-mask layer saves int32 words
+    seen = []
+    orig = L._forward_gemm
+
+    def spy(*a, **k):
+        y, saved = orig(*a, **k)
+        seen.append(saved[2].dtype)
+        return y, saved
+
+    L._forward_gemm = spy
+    try:
+        lin = lv._variant_layer("r1_bits", 64, 96, torch.randn(96, 64), "cpu", "triton", graph=False)
+        x = torch.randn(64, 64, requires_grad=True)
+        lv._with_flags("r1_bits", lv._layer_step(lin, x, torch.randn(64, 96), "cpu"))
+        lv._with_flags("r128_bool", lv._layer_step(lin, x, torch.randn(64, 96), "cpu"))
+    finally:
+        L._forward_gemm = orig
+    assert seen == [torch.int32, torch.bool]

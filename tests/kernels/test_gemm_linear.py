@@ -50,11 +50,18 @@ def _rel(a, b):
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
-@pytest.mark.parametrize("engine", ["triton"] + (["hopper_fp8", "hopper_fp8_row"] if DEV == "cuda" and G.hopper_available() else []))
+@pytest.mark.parametrize("engine", ["triton", "triton_bool_mask", "triton_mask_bits"] + (
+    ["hopper_fp8", "hopper_fp8_row", "hopper_fp8_right1", "hopper_fp8_right128", "hopper_fp8_bool_mask",
+     "hopper_fp8_mask_bits"] if DEV == "cuda" and G.hopper_available() else []))
 def test_fused_linear_matches_oracle(engine, monkeypatch):
-    if engine == "hopper_fp8_row":  # the per-row FP8 scaling instead of the default block scaling
-        monkeypatch.setattr(L, "FP8_SCALING", "row")
-        engine = "hopper_fp8"
+    """The fused layer under every layout it can run: per-row or block FP8 scales, right operands per 128×128 or
+    1×128 block, masks saved per element or packed (the variants benchmarks/layer_variants.py times)."""
+    variants = {"_row": ("FP8_SCALING", "row"), "_right1": ("RIGHT_BLOCK", 1), "_right128": ("RIGHT_BLOCK", 128),
+                "_bool_mask": ("MASK_BITS", False), "_mask_bits": ("MASK_BITS", True)}
+    for suffix, (attr, value) in variants.items():
+        if engine.endswith(suffix):
+            monkeypatch.setattr(L, attr, value)
+            engine = engine[: -len(suffix)]
     g = torch.Generator().manual_seed(0)
     T, K, N = (64, 64, 96) if DEV == "cpu" else (512, 256, 384)
     x = torch.randn(T, K, generator=g).bfloat16()
@@ -92,16 +99,27 @@ def test_hopper_fp8_gemm_is_exact_up_to_fp8_accumulation():
         assert _rel(out, ref) < 1e-4  # the stated tolerance: Hopper FP8 accumulation (anchors: 1e-5..5e-5)
 
 
+def _binade_spread(shape, gen_device="cuda"):
+    """Per-row and per-128-column powers of two in [2^-4, 2^4]: block scales that differ from block to block, so a
+    GEMM that reads a scale from the wrong place (layout, transposition) is caught. (A 128×128 block then spans
+    at most 8 binades of factors plus the data's own: inside e4m3's ~14, so nothing flushes.)"""
+    r = torch.exp2(torch.randint(-4, 5, (shape[0], 1), device=gen_device).float())
+    c = torch.exp2(torch.randint(-4, 5, (1, -(-shape[1] // 128)), device=gen_device).float()).repeat_interleave(128, 1)
+    return r * c[:, : shape[1]]
+
+
 @pytest.mark.gpu
-def test_hopper_block_scaled_gemm_is_exact_up_to_fp8_accumulation():
+@pytest.mark.parametrize("right_block", [128, 1])
+def test_hopper_block_scaled_gemm_is_exact_up_to_fp8_accumulation(right_block):
     if not G.hopper_available():
         pytest.skip("needs FP8 tensor cores")
     torch.manual_seed(2)
     for axis_a, axis_b in [(-1, -1), (0, 0), (-1, 0)]:
-        a = torch.randn(*((1024, 2048) if axis_a == -1 else (2048, 1024)), device="cuda", dtype=torch.bfloat16)
-        b = torch.randn(*((1536, 2048) if axis_b == -1 else (2048, 1536)), device="cuda", dtype=torch.bfloat16)
+        sa, sb = ((1024, 2048) if axis_a == -1 else (2048, 1024)), ((1536, 2048) if axis_b == -1 else (2048, 1536))
+        a = (torch.randn(*sa, device="cuda") * _binade_spread(sa)).to(torch.bfloat16)
+        b = (torch.randn(*sb, device="cuda") * _binade_spread(sb)).to(torch.bfloat16)
         qa = mx_quantize(a, axis=axis_a, rule="absmax", fp8="e4m3", fp8_block=1, out_dtype=torch.float32)
-        qb = mx_quantize(b, axis=axis_b, rule="absmax", fp8="e4m3", fp8_block=128, out_dtype=torch.float32)
+        qb = mx_quantize(b, axis=axis_b, rule="absmax", fp8="e4m3", fp8_block=right_block, out_dtype=torch.float32)
         assert qa.flushed.item() == 0 and qb.flushed.item() == 0
         assert torch.equal(qa.fp8_values(), qa.deq) and torch.equal(qb.fp8_values(), qb.deq)
         out = G.hopper_fp8_mm(qa, qb, out_dtype=torch.float32)

@@ -236,6 +236,44 @@ def test_masked_inverse_hadamard_matches_oracle():
     assert torch.allclose(out, ref, rtol=1e-4, atol=1e-4)  # fp32 input: bf16 hi+lo split on GPU
 
 
+@pytest.mark.parametrize("axis", [-1, 0])
+@pytest.mark.parametrize("kw", [dict(), dict(fp8="e4m3", fp8_block=1, deq=False), dict(fp8="e4m3", fp8_block=128, deq=False)])
+def test_packed_mask_bits_are_the_quest_mask(axis, kw):
+    """mask_bits: one int32 word per 32-group whose bit c is the bool mask of element c (bit 31 included), for
+    direct and transposed reads and every output the fused layer uses; clipped and Inf/NaN groups give 0 bits."""
+    g = torch.Generator().manual_seed(21 + axis)
+    shape = (128, 256) if axis == -1 else (256, 128)
+    x = torch.randn(*shape, generator=g) * torch.rand(shape[0], 1, generator=g) * 3
+    x[5, :64] = 80.0  # groups with clipped values (|y/σ| >= 6)
+    x[9, 7] = float("nan")
+    x = x.to(torch.bfloat16).to(DEV)
+    full = tq.mx_quantize(x, axis=axis, rule="quest", mask=True, **kw)
+    packed = tq.mx_quantize(x, axis=axis, rule="quest", mask=True, mask_bits=True, **kw)
+    assert packed.mask is None and packed.mask_bits.dtype == torch.int32
+    assert packed.mask_bits.shape == (full.mask.shape[0], full.mask.shape[1] // 32)
+    assert torch.equal(tq.unpack_mask_bits(packed.mask_bits).cpu(), full.mask.cpu())
+    m = full.mask.cpu()
+    assert (~m).any() and m.any() and (packed.mask_bits.cpu() < 0).any()  # clipped elements, and bit 31 set somewhere
+    # the masked inverse rotation reads either form the same
+    gr = torch.randn(*m.shape, generator=g).to(torch.bfloat16).to(DEV)
+    assert torch.equal(tq.masked_inverse_hadamard(gr, full.mask), tq.masked_inverse_hadamard(gr, packed.mask_bits))
+
+
+def test_unpack_mask_bits_and_bad_masks():
+    w = torch.tensor([[1, -2**31, 0x5]], dtype=torch.int32)
+    m = tq.unpack_mask_bits(w)
+    assert m.shape == (1, 96) and m[0, 0] and m[0, 63] and m[0, 64] and m[0, 66] and m.sum() == 4
+    with pytest.raises(ValueError, match="int32"):
+        tq.unpack_mask_bits(w.to(torch.int64))
+    gr = torch.randn(32, 128).to(DEV)
+    with pytest.raises(ValueError, match="packed mask words"):
+        tq.masked_inverse_hadamard(gr, torch.zeros(32, 3, dtype=torch.int32, device=DEV))
+    with pytest.raises(ValueError, match="shape"):
+        tq.masked_inverse_hadamard(gr, torch.ones(32, 64, dtype=torch.bool, device=DEV))
+    with pytest.raises(ValueError, match="mask=True"):
+        tq.mx_quantize(gr, mask_bits=True)
+
+
 def test_bad_inputs_raise_clear_errors():
     with pytest.raises(ValueError, match="multiple of 32"):
         tq.mx_quantize(torch.randn(4, 48).to(DEV))

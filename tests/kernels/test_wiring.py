@@ -202,6 +202,8 @@ def test_fused_operators_shape_functions_and_autograd_registration(triton_backen
     signs = (torch.randint(0, 2, (2, 32), generator=g) * 2 - 1).float().to(DEV)
     seeds = torch.arange(4, dtype=torch.int64).to(DEV)
     torch.library.opcheck(L.fused_linear_fwd, (x, w, signs, seeds, "triton", True, False))
+    # packed masks: int32 words per 32-group saved for the backward (shape functions and autograd the same)
+    torch.library.opcheck(L.fused_linear_fwd, (x, w, signs, seeds, "triton", True, False, 128, True))
 
 
 @pytest.mark.slow
