@@ -39,12 +39,14 @@ from quartet.kernels.timing import time_interleaved  # noqa: E402
 #: variant name -> (RIGHT_BLOCK, MASK_BITS, stochastic backward)
 VARIANTS = {
     "r128_bool": (128, False, False),   # round 5's layer
-    "r1_bool": (1, False, False),
-    "r128_bits": (128, True, False),
+    "r128_bits": (128, True, False),    # round 6's default
     "r1_bits": (1, True, False),
     "r128_bool_sr": (128, False, True),
-    "r1_bits_sr": (1, True, True),
+    "r128_bits_sr": (128, True, True),
 }
+#: tiles (rows, cols, warps) tried for the transposed 1×128 reads (Eᵀ from bf16): round 5's sweep changed every
+#: tile at once and its figures moved with the clock; here only the transposed calls change, timed interleaved
+TILES_T = [(32, 128, 4), (16, 128, 4), (64, 128, 4), (64, 128, 8), (128, 128, 8), (32, 128, 8)]
 
 
 def _layer_step(lin, x, e, dev):
@@ -141,6 +143,26 @@ def bench_right_operands(T: int, K: int, N: int, dev: str, timing: dict) -> dict
     return out
 
 
+def bench_tiles(T: int, N: int, dev: str, timing: dict) -> dict:
+    """Eᵀ (a (T, N) bf16 gradient read along its columns) quantized to 1×128-block FP8, RTN and SR, under each tile
+    of :data:`TILES_T`, with E read along its rows (the same work, the direct layout) as the yardstick."""
+    from quartet.kernels.triton_quant import mx_quantize
+
+    torch.manual_seed(2)
+    e = torch.randn(T, N, device=dev, dtype=torch.bfloat16)
+    kw = dict(rule="absmax", fp8="e4m3", fp8_block=1, deq=False, signs=0x5A5A5A5A)
+    fns = {"direct_rtn": lambda: mx_quantize(e, seed=1, **kw)}
+    for tile in TILES_T:
+        name = "x".join(map(str, tile))
+        for sr in (False, True):
+            fns[f"T{name}_{'sr' if sr else 'rtn'}"] = (
+                lambda tile=tile, sr=sr: mx_quantize(e, axis=0, seed=3, stochastic=sr, block=tile, **kw))
+    t = time_interleaved(fns, **timing)
+    out = {"shape": [T, N], "figures": {k: v.as_dict() for k, v in t.items()}}
+    B._log(f"  tiles {T}x{N}: " + " | ".join(f"{k} {v.median_ms * 1e3:.1f} us" for k, v in t.items()))
+    return out
+
+
 def table(result: dict) -> str:
     lines = []
     for row in result.get("shapes", []):
@@ -149,6 +171,9 @@ def table(result: dict) -> str:
         lines.append(f"{T}x{K}x{N} bf16 {f['bf16']['median_ms']:.3f} ms ±{f['bf16']['spread']:.0%}")
         for k, r in row["ratio_to_bf16"].items():
             lines.append(f"    {k:14s} {f[k]['median_ms']:.3f} ms ±{f[k]['spread']:.0%}  {r:.3f}x bf16")
+    for row in [result["tiles"]] if result.get("tiles") else []:
+        lines.append(f"Eᵀ tiles {row['shape'][0]}x{row['shape'][1]}: " + ", ".join(
+            f"{k} {v['median_ms'] * 1e3:.1f} us ±{v['spread']:.0%}" for k, v in row["figures"].items()))
     for row in result.get("right_operands", []):
         T, K, N = row["shape"]
         lines.append(f"right operands {T}x{K}x{N}: " + ", ".join(
@@ -167,8 +192,8 @@ def main(argv=None) -> int:
     dev = args.device
     bench = B.Bench(dev)
     if args.smoke:
-        shapes, timing, variants = [(64, 64, 96)], dict(min_reps=2, min_seconds=0.0, chunk_seconds=0.0), \
-            ("r128_bool", "r1_bits")
+        shapes, variants = [(64, 64, 96)], ("r128_bool", "r1_bits")
+        timing = dict(min_reps=2, min_seconds=0.0, chunk_seconds=0.0, settle_seconds=0.0)
     else:
         shapes = ([tuple(int(v) for v in s.split(",")) for s in args.shapes.split(";")] if args.shapes
                   else list(B.LINEAR_SHAPES))
@@ -186,7 +211,12 @@ def main(argv=None) -> int:
         if args.out:
             args.out.write_text(json.dumps(result, indent=1))
     if dev == "cuda":
-        for T, K, N in shapes:
+        result["tiles"] = bench_tiles(16384, 4096, dev, timing)
+        if args.out:
+            args.out.write_text(json.dumps(result, indent=1))
+        # the right operands' calls under both blocks at the square shape (round 6's first call timed all three
+        # shapes: the 1x128 x 1x128 GEMMs 1.48-1.52x slower at each)
+        for T, K, N in [s for s in shapes if s == (16384, 4096, 4096)] or shapes[:1]:
             result["right_operands"].append(bench_right_operands(T, K, N, dev, timing))
             bench.empty()
     result["gpu_after"] = B.gpu_state() if dev == "cuda" else None

@@ -97,29 +97,41 @@ def time_callable(fn: Callable[[], object], *, min_reps: int = MIN_REPS, min_sec
 
 
 def time_interleaved(fns: dict[str, Callable[[], object]], *, min_reps: int = MIN_REPS, min_seconds: float = MIN_SECONDS,
-                     warmup_reps: int = 3, chunk_seconds: float = 0.05, max_rounds: int = 100_000,
+                     warmup_reps: int = 3, chunk_seconds: float = 0.2, settle_seconds: float = 0.1,
+                     max_rounds: int = 100_000, seed: int = 0,
                      run_chunk: ChunkRunner | None = None) -> dict[str, Timing]:
-    """Time several variants of one piece of work *interleaved*: round after round, a short chunk of each in turn,
-    until every variant has ``min_reps`` repeats and ``min_seconds`` of timed work (the module's rule).
+    """Time several variants of one piece of work *interleaved*: round after round, each variant in turn (a new
+    random order every round) runs ``settle_seconds`` untimed and then a ``chunk_seconds`` slice timed, until every
+    variant has ``min_reps`` repeats and ``min_seconds`` of timed work (the module's rule).
 
     Why: the kernels compared here are instruction-bound, so their speed follows the SM clock, and an H100 at its
     power cap moves that clock by ~40% within seconds (1350 vs 1980 MHz were seen a section apart). Timing variant A
-    to completion and then B compares clocks as much as code; interleaving ~``chunk_seconds`` slices puts every
-    variant under the same clock history, so the ratios between them hold even where the absolute times drift."""
+    to completion and then B compares clock histories as much as code; slices in turn put every variant under the
+    same slow drift. The settling run and the shuffled order are there because the clock also carries over from
+    one slice to the next: round 6's first run, with 50 ms slices in a fixed order, timed the variant that always
+    followed BF16's power-capped GEMMs bimodally (median 17% over its minimum; its neighbours ±4%)."""
     if not fns:
         raise ValueError("time_interleaved needs at least one callable")
     if min_reps < 1 or min_seconds < 0:
         raise ValueError("min_reps must be >= 1 and min_seconds >= 0")
+    import random
+
     run = run_chunk or cuda_event_chunk
     per = {}
     for name, fn in fns.items():  # warm-up (JIT, compile, allocator growth), and a first duration for the chunk size
         per[name] = max(statistics.median(run(fn, warmup_reps)), 1e-7)
     times: dict[str, list] = {name: [] for name in fns}
     warm = {name: warmup_reps for name in fns}
+    order = list(fns)
+    rng = random.Random(seed)
     for _ in range(max_rounds):
         if all(len(t) >= min_reps and sum(t) >= min_seconds for t in times.values()):
             break
-        for name, fn in fns.items():
+        rng.shuffle(order)
+        for name in order:
+            fn = fns[name]
+            if settle_seconds > 0:
+                warm[name] += len(run(fn, max(1, math.ceil(settle_seconds / per[name]))))
             times[name] += run(fn, max(1, math.ceil(chunk_seconds / per[name])))
     out = {}
     for name, t in times.items():

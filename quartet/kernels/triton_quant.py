@@ -537,15 +537,21 @@ GPU_BLOCK = (32, 128, 4)  # best overall on H200 (the FP8-fold recipes slow down
 BLOCK128_WARPS = int(os.environ.get("QUARTET_QBLOCK128_WARPS", "16"))
 
 
-def _blocks(R: int, K: int, device: torch.device) -> tuple[int, int, int]:
-    """Tile shape and warps: big tiles on the GPU, small ones for the CPU interpreter."""
+#: tile of the transposed reads (groups along the stored tensor's columns: Eᵀ, X̂ᵀ, Ŵᵀ): ``QUARTET_QBLOCK_T=r,k,w``
+#: overrides it (benchmarks/layer_variants.py's tile section times candidates against each other)
+GPU_BLOCK_T = GPU_BLOCK
+
+
+def _blocks(R: int, K: int, device: torch.device, transposed: bool = False) -> tuple[int, int, int]:
+    """Tile shape and warps: big tiles on the GPU, small ones for the CPU interpreter; ``transposed`` reads (the
+    group axis strided in memory) take :data:`GPU_BLOCK_T`."""
     if device.type != "cuda":
         return 16, 64, 4
-    env = os.environ.get("QUARTET_QBLOCK")
+    env = os.environ.get("QUARTET_QBLOCK_T" if transposed else "QUARTET_QBLOCK")
     if env:
         br, bk, w = (int(v) for v in env.split(","))
         return br, bk, w
-    br, bk, w = GPU_BLOCK
+    br, bk, w = GPU_BLOCK_T if transposed else GPU_BLOCK
     while K % bk:
         bk //= 2
     return br, bk, w
@@ -620,7 +626,7 @@ def mx_quantize(
     if K % 32:
         raise ValueError(f"the group axis must be a multiple of 32, got {K}")
     dev = x.device
-    br, bk, warps = block or _blocks(R, K, dev)
+    br, bk, warps = block or _blocks(R, K, dev, transposed=s_r == 1 and s_k != 1)
     while K % bk:
         bk //= 2
     grid = (triton.cdiv(R, br), triton.cdiv(K, bk))

@@ -125,8 +125,9 @@ def test_hopper_block_scaled_gemm_is_exact_up_to_fp8_accumulation(right_block):
         out = G.hopper_fp8_mm(qa, qb, out_dtype=torch.float32)
         ref = qa.deq.double() @ qb.deq.double().t()
         assert _rel(out, ref) < 1e-4  # the stated tolerance: Hopper FP8 accumulation
-    with pytest.raises(ValueError, match="1x128 blocks"):
-        G.hopper_fp8_mm(qb, qa)
+    if right_block == 128:  # a 128x128-scaled operand cannot be the left one
+        with pytest.raises(ValueError, match="1x128 blocks"):
+            G.hopper_fp8_mm(qb, qa)
 
 
 @pytest.mark.gpu
