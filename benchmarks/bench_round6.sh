@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Issue #16, round 6, on a bare GPU node (python3 with torch + triton), from the repository root:
 #
-#   QUARTET_GIT_COMMIT=<commit> OUT=/some/dir bash benchmarks/bench_round6.sh [variants|train]
+#   QUARTET_GIT_COMMIT=<commit> OUT=/some/dir bash benchmarks/bench_round6.sh [variants|train|train+quant]
 #
 # variants (default, ~6 min on an H100): the GPU tests (tests/kernels, tests/quant/test_gpu.py) -> gpu_tests.txt, then
 #   benchmarks/layer_variants.py: the fused layer with 128x128 or 1x128 right blocks and bool or packed masks, RTN and
 #   SR, against BF16 at the three benchmark shapes, every figure timed interleaved under one clock history; the right
 #   operands' quantizer calls and GEMMs under both blocks -> layer_variants.json / .log; an nvidia-smi trace.
 # train (~5 min): the 800M and 20M steps as `quartet train` runs them (benchmarks/ladder_speed.py: the real Trainer,
-#   bf16 vs quartet vs quartet_sr, compiled; data=pycode built first) with the layer's defaults -> train_speed.json
+#   bf16 vs quartet vs quartet_sr, compiled; data=pycode built first) with the layer's defaults -> train_speed_*.json
+# train+quant: the same, then layer_variants.py's quantizer sections (Eᵀ tiles, right operands; each call graphed)
 set -uo pipefail
 mode=${1:-variants}
 cd "$(dirname "$0")/.."
@@ -43,7 +44,7 @@ if [ "$mode" = variants ]; then
   exit 0
 fi
 
-if [ "$mode" = train ]; then
+if [ "$mode" = train ] || [ "$mode" = train+quant ]; then
   device_wheels || exit 2
   export WANDB_MODE=disabled QUARTET_CACHE=${QUARTET_CACHE:-$PWD/.cache}
   stamp "corpus"
@@ -57,6 +58,12 @@ if [ "$mode" = train ]; then
     timeout -s INT -k 20 "${LADDER_HARD_S:-200}" "$PY" benchmarks/ladder_speed.py --models "${LADDER_MODELS-llama_20m}" \
       --configs "bf16:compile,quartet:compile" --out "$OUT/train_speed_ladder.json" > "$OUT/train_speed_ladder.log" 2>&1
     grep -v '^{' "$OUT/train_speed_ladder.log" | tail -6
+  fi
+  if [ "$mode" = train+quant ]; then
+    stamp "quantizer calls, graphed"
+    timeout -s INT -k 20 "${QUANT_HARD_S:-150}" "$PY" benchmarks/layer_variants.py --sections tiles,right \
+      --out "$OUT/quant_graphed.json" > "$OUT/quant_graphed.log" 2>&1
+    grep -v "^    " "$OUT/quant_graphed.log" | tail -4
   fi
   stamp "done"
   exit 0

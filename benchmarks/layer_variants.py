@@ -111,6 +111,12 @@ def bench_shape(T: int, K: int, N: int, dev: str, engine: str, variants, timing:
     return row
 
 
+def _graphed(fns: dict, dev: str) -> dict:
+    """Each call captured in a CUDA graph (on a GPU): a single quantizer call (100-200 µs of GPU work) launched from
+    Python is host-bound — round 6's second call timed every eager call at 205-230 µs, whatever the kernel."""
+    return {k: B._graph(f) for k, f in fns.items()} if dev == "cuda" else fns
+
+
 def bench_right_operands(T: int, K: int, N: int, dev: str, timing: dict) -> dict:
     """The right operands' quantizer calls (W forward from float32, Ŵᵀ and X̂ᵀ from the saved FP8) and the three
     GEMMs, with 128×128 and with 1×128 right blocks, interleaved."""
@@ -137,8 +143,8 @@ def bench_right_operands(T: int, K: int, N: int, dev: str, timing: dict) -> dict
         qxt = fns[f"xt_bwd_r{rb}"]()
         gemms[f"gemms_r{rb}"] = lambda qw=qw, qwt=qwt, qxt=qxt: (G.hopper_fp8_mm(qx, qw), G.hopper_fp8_mm(qe, qwt),
                                                                  G.hopper_fp8_mm(qet, qxt))
-    t = time_interleaved({**fns, **gemms}, **timing)
-    out = {"shape": [T, K, N], "figures": {k: v.as_dict() for k, v in t.items()}}
+    t = time_interleaved(_graphed({**fns, **gemms}, dev), **timing)
+    out = {"shape": [T, K, N], "graphed": dev == "cuda", "figures": {k: v.as_dict() for k, v in t.items()}}
     B._log(f"  right operands {T}x{K}x{N}: " + " | ".join(f"{k} {v.median_ms * 1e3:.1f} us" for k, v in t.items()))
     return out
 
@@ -157,8 +163,8 @@ def bench_tiles(T: int, N: int, dev: str, timing: dict) -> dict:
         for sr in (False, True):
             fns[f"T{name}_{'sr' if sr else 'rtn'}"] = (
                 lambda tile=tile, sr=sr: mx_quantize(e, axis=0, seed=3, stochastic=sr, block=tile, **kw))
-    t = time_interleaved(fns, **timing)
-    out = {"shape": [T, N], "figures": {k: v.as_dict() for k, v in t.items()}}
+    t = time_interleaved(_graphed(fns, dev), **timing)
+    out = {"shape": [T, N], "graphed": dev == "cuda", "figures": {k: v.as_dict() for k, v in t.items()}}
     B._log(f"  tiles {T}x{N}: " + " | ".join(f"{k} {v.median_ms * 1e3:.1f} us" for k, v in t.items()))
     return out
 
@@ -188,6 +194,8 @@ def main(argv=None) -> int:
     ap.add_argument("--smoke", action="store_true", help="tiny shapes and repeats (the CPU test of the code path)")
     ap.add_argument("--shapes", default=None, help="T,K,N;T,K,N... (default: the three benchmark shapes)")
     ap.add_argument("--no-profile", action="store_true")
+    ap.add_argument("--sections", default="layer,tiles,right",
+                    help="comma list of: layer (the variants vs BF16), tiles (Eᵀ tiles), right (right operands)")
     args = ap.parse_args(argv)
     dev = args.device
     bench = B.Bench(dev)
@@ -204,19 +212,20 @@ def main(argv=None) -> int:
     result["meta"]["timing"]["order"] = "interleaved (timing.time_interleaved)"
     result["gpu_before"] = B.gpu_state() if dev == "cuda" else None
     t0 = time.monotonic()
-    for T, K, N in shapes:
+    sections = set(args.sections.split(","))
+    for T, K, N in shapes if "layer" in sections else []:
         result["shapes"].append(bench_shape(T, K, N, dev, bench.engine, variants, timing,
                                             profile=not args.no_profile and (T, K, N) == (16384, 4096, 4096)))
         bench.empty()
         if args.out:
             args.out.write_text(json.dumps(result, indent=1))
-    if dev == "cuda":
+    if dev == "cuda" and "tiles" in sections:
         result["tiles"] = bench_tiles(16384, 4096, dev, timing)
         if args.out:
             args.out.write_text(json.dumps(result, indent=1))
         # the right operands' calls under both blocks at the square shape (round 6's first call timed all three
         # shapes: the 1x128 x 1x128 GEMMs 1.48-1.52x slower at each)
-        for T, K, N in [s for s in shapes if s == (16384, 4096, 4096)] or shapes[:1]:
+        for T, K, N in ([s for s in shapes if s == (16384, 4096, 4096)] or shapes[:1]) if "right" in sections else []:
             result["right_operands"].append(bench_right_operands(T, K, N, dev, timing))
             bench.empty()
     result["gpu_after"] = B.gpu_state() if dev == "cuda" else None
