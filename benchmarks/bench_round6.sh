@@ -21,11 +21,11 @@ stamp() { echo "== $(date -u +%H:%M:%S) $*"; }
   nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm,power.draw,power.limit,temperature.gpu,driver_version --format=csv
   "$PY" -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, torch.cuda.get_device_name(0))"
   echo "QUARTET_GIT_COMMIT=${QUARTET_GIT_COMMIT:-unset} QUARTET_RIGHT_BLOCK=${QUARTET_RIGHT_BLOCK:-default} QUARTET_MASK_BITS=${QUARTET_MASK_BITS:-default}"
-} > "$OUT/env_$mode.txt" 2>&1
-cat "$OUT/env_$mode.txt"
+} > "$OUT/env_${mode/+/_}.txt" 2>&1
+cat "$OUT/env_${mode/+/_}.txt"
 # the card's state across the run, every 2 s (read-only queries)
 nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.max.sm,power.draw,power.limit,temperature.gpu,utilization.gpu \
-  --format=csv -l 2 > "$OUT/nvidia-smi_$mode.txt" 2>&1 &
+  --format=csv -l 2 > "$OUT/nvidia-smi_${mode/+/_}.txt" 2>&1 &
 smi_pid=$!
 trap 'kill $smi_pid 2>/dev/null' EXIT
 
