@@ -234,7 +234,9 @@ class Trainer:
         np.random.set_state(rng["numpy"])
         random.setstate(rng["python"])
         if rng.get("cuda") is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all([s.cpu() for s in rng["cuda"]])
+            # one state per GPU the saving process saw; a run resumed where fewer are visible (saved by 2 ranks that
+            # each saw 2 GPUs, resumed on 1) restores those it has (torch would raise IndexError for the others)
+            torch.cuda.set_rng_state_all([s.cpu() for s in rng["cuda"]][:torch.cuda.device_count()])
         self.step = int(state["step"])
         self.elapsed_prev = float(state.get("elapsed_s", 0.0))
 

@@ -274,3 +274,24 @@ def test_fsdp_preempted_run_resumes_exactly(tiny_cfg, tmp_path):
     os.rename(d / "ckpt" / "last", ddp_dir / "ckpt" / "last")
     with pytest.raises(QuartetError, match=r"holds a run.parallel=fsdp checkpoint; resume with run.parallel=fsdp"):
         Trainer(cfg_ddp).run()
+
+
+def test_resume_where_fewer_gpus_are_visible_restores_the_cuda_rng_states_it_can(tiny_cfg, monkeypatch):
+    """A checkpoint of 2 ranks that each saw 2 GPUs holds 2 CUDA RNG states; resumed with 1 GPU visible, the
+    trainer restores the first (torch.cuda.set_rng_state_all would index a second device and raise IndexError)."""
+    cfg = tiny_cfg("optim.micro_batch_size=4", "budget.tokens=2048")
+    t = Trainer(cfg)
+    t.callbacks.append(stop_at(2))
+    assert t.run()["state"] == "preempted"
+    path = run_dir(cfg) / "ckpt" / "last.pt"
+    state = ckpt_io.load(path)
+    state["rng"]["cuda"] = [torch.full((16,), 1, dtype=torch.uint8), torch.full((16,), 2, dtype=torch.uint8)]
+    ckpt_io.save_atomic(state, path)
+    resumed = Trainer(cfg)  # built on the CPU; from here on the process "sees" one GPU
+    restored = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", lambda states: restored.append(list(states)))
+    resumed._load_checkpoint()
+    assert resumed.step == 2
+    assert len(restored) == 1 and len(restored[0]) == 1 and restored[0][0].tolist() == [1] * 16
