@@ -18,7 +18,6 @@ mode=${1:-kernels}
 cd "$(dirname "$0")/.."
 . cluster/scripts/device_env.sh
 device_env bench_round5
-stamp() { echo "== $(date -u +%H:%M:%S) $*"; }
 
 if [ "$mode" = train ]; then
   device_wheels || exit 2

@@ -15,7 +15,6 @@ mode=${1:-variants}
 cd "$(dirname "$0")/.."
 . cluster/scripts/device_env.sh
 device_env bench_round6
-stamp() { echo "== $(date -u +%H:%M:%S) $*"; }
 {
   date -u +%FT%TZ
   nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm,power.draw,power.limit,temperature.gpu,driver_version --format=csv

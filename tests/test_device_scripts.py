@@ -28,6 +28,8 @@ def test_device_env_sets_out_python_path_and_caches(tmp_path):
     out, py, path, unbuf = r.stdout.strip().split("|")
     assert out == str(tmp_path / ".cache/run1") and (tmp_path / ".cache/run1").is_dir()
     assert py == sys.executable and path == f"{tmp_path}:/x" and unbuf == "1"
+    line = _bash("stamp corpus ready", tmp_path, env={"PATH": "/usr/bin:/bin"}).stdout.strip()
+    assert line.startswith("== ") and line.endswith(" corpus ready") and line[5] == ":" and line[8] == ":"
 
 
 def test_device_wheels_is_a_no_op_with_hydra_and_refuses_without_wheels(tmp_path):

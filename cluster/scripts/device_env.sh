@@ -2,6 +2,7 @@
 # Source it from the repository root, then:
 #   device_env NAME   OUT (default .cache/NAME, created), PY (default python3), the checkout on PYTHONPATH, unbuffered
 #                     output, an inductor cache outside the checkout (TORCHINDUCTOR_CACHE_DIR, if not set)
+#   stamp MSG         a progress line with the UTC time ("== 12:34:56 MSG")
 #   device_wheels     hydra-core / omegaconf / submitit installed from .whl/ into /tmp/quartet_site when PY lacks them
 #                     (made with `bash cluster/scripts/ladder_device.sh wheels` where there is network); returns 2
 #                     when it cannot
@@ -20,3 +21,5 @@ device_wheels() {
     --target /tmp/quartet_site .whl/*.whl || return 2
   export PYTHONPATH="/tmp/quartet_site${PYTHONPATH:+:$PYTHONPATH}"
 }
+
+stamp() { echo "== $(date -u +%H:%M:%S) $*"; }

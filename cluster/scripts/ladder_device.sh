@@ -42,7 +42,6 @@ device_wheels || exit 2
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 quartet() { "$PY" -m quartet.cli "$@"; }
 
-stamp() { echo "== $(date -u +%H:%M:%S) $*"; }
 collect() {
   # every run's small files (no checkpoints, no wandb folders) in one archive
   if [ -d "$RUNS" ]; then
