@@ -334,8 +334,11 @@ def bench_linear(bench: Bench, shapes=LINEAR_SHAPES, graphs: bool = True, profil
         xq, wq, eq = (mx_quantize(x, rule="quest").deq, mx_quantize(w, rule="quest").deq,
                       mx_quantize(e, rule="absmax").deq)
         row["figures"]["bf16_gemms"] = bench.time(lambda: (xq @ wq.t(), eq @ wq, eq.t() @ xq))
+        from quartet.kernels.linear import MASK_BITS
+
         L1, R128 = dict(fp8="e4m3", fp8_block=1, deq=False), dict(fp8="e4m3", fp8_block=128, deq=False)
-        c1, d1 = mx_quantize(x, rule="quest", mask=True, **L1), mx_quantize(w, rule="quest", mask=True, **R128)
+        mk = dict(mask=True, mask_bits=MASK_BITS)  # the masks as the layer saves them
+        c1, d1 = mx_quantize(x, rule="quest", **mk, **L1), mx_quantize(w, rule="quest", **mk, **R128)
         if bench.engine == "hopper_fp8":
             c2, d2 = mx_quantize(e, rule="absmax", **L1), mx_quantize(w, rule="absmax", axis=0, **R128)
             c3, d3 = mx_quantize(e, rule="absmax", axis=0, **L1), mx_quantize(x, rule="absmax", axis=0, **R128)
@@ -347,13 +350,13 @@ def bench_linear(bench: Bench, shapes=LINEAR_SHAPES, graphs: bool = True, profil
         for sr in (False, True):
             kw = dict(rule="absmax", stochastic=sr)
             row["figures"][f"quantizers_{'sr' if sr else 'rtn'}"] = bench.time(lambda kw=kw: (
-                mx_quantize(x, rule="quest", mask=True, **L1),
-                mx_quantize(w, rule="quest", mask=True, **R128),
+                mx_quantize(x, rule="quest", **mk, **L1),
+                mx_quantize(w, rule="quest", **mk, **R128),
                 mx_quantize(e, seed=1, **kw, **L1),
                 mx_quantize(d1.fp8, axis=0, seed=2, in_scale=d1.block_scale, in_scale_rows=128, **kw, **R128),
                 mx_quantize(e, axis=0, seed=3, **kw, **L1),
                 mx_quantize(c1.fp8, axis=0, seed=4, in_scale=c1.block_scale, in_scale_rows=1, **kw, **R128)))
-        mxk = torch.ones(T, K, device=dev, dtype=torch.bool)
+        mxk = c1.mask_bits if MASK_BITS else c1.mask
         g = torch.randn(T, K, device=dev, dtype=torch.bfloat16)
         row["figures"]["inverse_rotation"] = bench.time(lambda: masked_inverse_hadamard(g, mxk))
         f = row["figures"]

@@ -94,13 +94,18 @@ def test_timeouts_and_the_budget_are_recorded_and_leave_no_process(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_fsdp_check_on_cpu_passes_every_part(tmp_path):
-    res, r = _run(tmp_path)
+    res, r = _run(tmp_path, "--tol-ranks-fsdp-quantized", "4e-5")
     out = tmp_path / "out"
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-3000:]
     last = res.stdout.strip().splitlines()[-1]
     assert last == "RESULT PASS: 11 checks passed, 0 failed, 0 not checked", res.stdout[-3000:]
     assert r["verdict"] == "PASS" and r["ok"] and not r["problems"] and not r["skipped"]
-    assert r["tolerances"] == {"ranks": 5e-5, "modes": 5e-5}
+    assert r["tolerances"] == {"ranks": 5e-5, "modes": 5e-5, "ranks_fsdp_quantized": 4e-5}
+    # quantized FSDP 2 vs 1 GPU is held to its own tolerance (GPU: FSDP2's reduce-scatter is not the 1-GPU sum bitwise,
+    # and FP4 rounding amplifies that); every other pair to its usual one
+    tol = {(e["precision"], e["what"]): e["tol"] for e in r["equality"]}
+    assert tol[("quartet", "fsdp: 2 GPUs vs 1")] == 4e-5 and tol[("bf16", "fsdp: 2 GPUs vs 1")] == 5e-5
+    assert tol[("quartet", "ddp: 2 GPUs vs 1")] == 5e-5
 
     # 1. every run real: torchrun with its world size, the multicast switches off, the mode it asked for, 8 steps
     for precision in ("bf16", "quartet"):
