@@ -1,0 +1,164 @@
+"""What the quantizer kernels compile to on Hopper, without a GPU: registers, spills, shared memory, SASS instructions.
+
+Triton compiles ahead of time for a target it is told about (``GPUTarget("cuda", 90, 32)``) with the ``ptxas`` it
+ships; ``cuobjdump`` (shipped too) prints the resource usage and the SASS. So the questions round 5's Nsight Compute
+profile raised — how many instructions per element, how many registers (which set the occupancy: 65536 registers per
+SM), whether a change adds spills — are answered here in seconds on the CPU box, before a device call is spent.
+
+Each recipe is the fused layer's call (``quartet.kernels.triton_quant._mx_quant_kernel``) with the specialisation
+``mx_quantize`` gives it at the training shape (16384×4096; stride 1 and multiples of 16 specialised as Triton does at
+run time). Instructions are counted statically over the whole kernel (rare branches included), divided by the elements
+each thread handles: an upper bound of the executed count per element, good for comparing versions of the kernel.
+
+    .venv/bin/python benchmarks/sass_report.py                     # table of the layer's recipes
+    .venv/bin/python benchmarks/sass_report.py --json out.json --sass-dir /tmp/sass   # + the SASS of each
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+# compiled kernels, not the CPU interpreter's (which the test suite switches on): read before triton is imported
+if os.environ.get("TRITON_INTERPRET") == "1" and __name__ == "__main__":
+    del os.environ["TRITON_INTERPRET"]
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+R, K = 16384, 4096
+#: pointer argument -> Triton type of a default recipe (bf16 input, FP8 e4m3 output, bool mask)
+POINTERS = dict(x_ptr="bf16", in_scale_ptr="fp32", signs_ptr="fp32", h_ptr="fp32", deq_ptr="bf16", mask_ptr="i8",
+                codes_ptr="u8", scale_ptr="u8", fp8_ptr="fp8e4nv", rowexp_ptr="i32", flush_ptr="i32",
+                bscale_ptr="fp32")
+INTS = dict(R=R, K=K, stride_r=K, stride_k=1, in_s0=0, in_s1=0, bscale_ld=0, seed=12345, signs_bits=7)
+BASE = dict(RULE=0, STOCHASTIC=False, HADAMARD=True, HAS_SIGNS=0, MODE=5, WRITE_MASK=True, WRITE_DEQ=False,
+            DOT_BF16=1, IN_SCALE=0, COL_ORDER=False, FP8_SHIFT=6, SEED_PTR=False, BLOCK_R=32, BLOCK_K=128, IN_T=False,
+            IN_BR=1, SCALE_BR=1, FACTOR=1.0, CAST_BF16=False, FP8_MIN_D=-8, MASK_BITS=True)
+#: transposed read of a (T, N) tensor: logical rows are stored columns (stride 1)
+_T = dict(R=K, K=R, stride_r=1, stride_k=K)
+#: name -> (pointer overrides, int overrides, constexpr overrides, warps): the six calls of one layer step + SR
+RECIPES = {
+    "X fwd QuEST+mask 1x128": ({"mask_ptr": "i32"}, {}, {}, 4),
+    "W fwd QuEST+mask 128x128 (f32 in)": ({"x_ptr": "fp32", "mask_ptr": "i32"}, {},
+                                          dict(CAST_BF16=True, SCALE_BR=128, BLOCK_R=128), 16),
+    "E absmax RTN 1x128": ({}, {}, dict(RULE=1, WRITE_MASK=False, HAS_SIGNS=2), 4),
+    "E absmax SR 1x128": ({}, {}, dict(RULE=1, WRITE_MASK=False, HAS_SIGNS=2, STOCHASTIC=True), 4),
+    "Et absmax RTN 1x128 (transposed)": ({}, _T, dict(RULE=1, WRITE_MASK=False, HAS_SIGNS=2, COL_ORDER=True), 4),
+    "Xt absmax RTN 128x128 (fp8 in, transposed)": (
+        {"x_ptr": "fp8e4nv"}, {**_T, "in_s0": 1, "in_s1": R},
+        dict(RULE=1, WRITE_MASK=False, HAS_SIGNS=2, COL_ORDER=True, IN_SCALE=3, IN_T=True, SCALE_BR=128, BLOCK_R=128),
+        16),
+    "Wt absmax RTN 128x128 (fp8 in, transposed)": (
+        {"x_ptr": "fp8e4nv"}, {**_T, "R": K, "K": K, "stride_k": K, "in_s0": 32, "in_s1": 1},
+        dict(RULE=1, WRITE_MASK=False, HAS_SIGNS=2, COL_ORDER=True, IN_SCALE=3, IN_T=True, IN_BR=128, SCALE_BR=128,
+             BLOCK_R=128), 16),
+}
+
+
+def _tool(name: str) -> str:
+    import triton
+
+    return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name)
+
+
+def compile_recipe(pointers: dict, ints: dict, consts: dict, warps: int):
+    """The Triton kernel compiled for sm_90 with this specialisation (no GPU needed)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from quartet.kernels import triton_quant as tq
+
+    fn = tq._mx_quant_kernel
+    if not hasattr(fn, "cache_key"):
+        raise RuntimeError("the kernel was loaded for Triton's CPU interpreter (TRITON_INTERPRET=1): run this as a script")
+    sig, constexprs, attrs = {}, {}, {}
+    for i, n in enumerate(fn.arg_names):
+        if n in consts:
+            sig[n], constexprs[n] = "constexpr", consts[n]
+        elif n in pointers:
+            sig[n] = "*" + pointers[n]
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif n in ints:
+            v = ints[n]
+            if v == 1:  # Triton specialises an integer argument equal to 1 as a constant
+                sig[n], constexprs[n] = "constexpr", 1
+            else:
+                sig[n] = "i32" if abs(v) < 2**31 else "i64"
+                if v % 16 == 0:
+                    attrs[(i,)] = [["tt.divisibility", 16]]
+        else:
+            raise KeyError(f"no value for the kernel argument {n!r}")
+    return triton.compile(ASTSource(fn, sig, constexprs, attrs), target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": warps})
+
+
+def analyse(kernel, elems_per_thread: float, sass_path: Path | None = None) -> dict:
+    """Registers, spills (local memory), shared memory, and the SASS opcode counts of a compiled kernel."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        cubin = Path(d) / "k.cubin"
+        cubin.write_bytes(kernel.asm["cubin"])
+        res = subprocess.run([_tool("cuobjdump"), "-res-usage", str(cubin)], capture_output=True, text=True,
+                             check=True).stdout
+        sass = subprocess.run([_tool("cuobjdump"), "-sass", str(cubin)], capture_output=True, text=True,
+                              check=True).stdout
+    if sass_path is not None:
+        sass_path.write_text(sass)
+    ops = re.findall(r"^\s+/\*[0-9a-f]{4}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z0-9_]+)", sass, re.M)
+    mem = re.findall(r"\b((?:LDG|STG|LDS|STS|LDSM|STSM|LDL|STL)[.A-Z0-9_]*)", sass)
+    regs = int(re.search(r"REG:(\d+)", res).group(1))
+    local = int(re.search(r"LOCAL:(\d+)", res).group(1))
+    return {"registers": regs, "local_bytes": local, "shared_bytes": kernel.metadata.shared,
+            "sass_instructions": len(ops), "per_element": len(ops) / elems_per_thread,
+            "opcodes": dict(collections.Counter(ops).most_common()), "memory_ops": dict(collections.Counter(mem))}
+
+
+def report(names=None, sass_dir: Path | None = None) -> dict:
+    """Compile and analyse each recipe (all by default)."""
+    out = {}
+    for name, (ptr, ints, consts, warps) in RECIPES.items():
+        if names and name not in names:
+            continue
+        c = {**BASE, **consts}
+        k = compile_recipe({**POINTERS, **ptr}, {**INTS, **ints}, c, warps)
+        per_thread = c["BLOCK_R"] * c["BLOCK_K"] / (warps * 32)
+        path = sass_dir / (re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_") + ".sass") if sass_dir else None
+        r = analyse(k, per_thread, path)
+        # registers bound the resident warps: 65536 per SM, allocated per warp in units of 256
+        per_warp = -(-r["registers"] * 32 // 256) * 256
+        r["warps"] = warps
+        r["occupancy_by_registers"] = min(64, (65536 // per_warp) // warps * warps) / 64
+        out[name] = r
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--sass-dir", type=Path)
+    ap.add_argument("--recipe", action="append", help="only this recipe (repeatable; default: all)")
+    args = ap.parse_args(argv)
+    if args.sass_dir:
+        args.sass_dir.mkdir(parents=True, exist_ok=True)
+    out = report(args.recipe, args.sass_dir)
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1))
+    print(f"{'recipe':44s} {'regs':>4s} {'warps':>5s} {'occ':>4s} {'smem':>6s} {'sass':>5s} {'/elem':>6s}  top opcodes")
+    for name, r in out.items():
+        top = " ".join(f"{o}:{n}" for o, n in list(r["opcodes"].items())[:6])
+        print(f"{name:44s} {r['registers']:4d} {r['warps']:5d} {r['occupancy_by_registers']:4.0%} "
+              f"{r['shared_bytes']:6d} {r['sass_instructions']:5d} {r['per_element']:6.1f}  {top}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
