@@ -59,7 +59,7 @@ def _layer_step(lin, x, e, dev):
 
 
 def _variant_layer(name: str, K: int, N: int, w: torch.Tensor, dev: str, engine: str, graph: bool):
-    """The layer of one variant, its flags set while it is built and (graphed) captured; returns (layer, step fn)."""
+    """The layer of one variant (BF16: a plain bias-free ``nn.Linear``), its weight a copy of ``w``."""
     if name == "bf16":
         lin = torch.nn.Linear(K, N, bias=False, device=dev, dtype=B.WEIGHT_DTYPE)
     else:
@@ -111,10 +111,13 @@ def bench_shape(T: int, K: int, N: int, dev: str, engine: str, variants, timing:
     return row
 
 
-def _graphed(fns: dict, dev: str) -> dict:
-    """Each call captured in a CUDA graph (on a GPU): a single quantizer call (100-200 µs of GPU work) launched from
-    Python is host-bound — round 6's second call timed every eager call at 205-230 µs, whatever the kernel."""
-    return {k: B._graph(f) for k, f in fns.items()} if dev == "cuda" else fns
+def _time_calls(label: str, shape: list, fns: dict, dev: str, timing: dict) -> dict:
+    """``fns`` timed interleaved, each captured in a CUDA graph on a GPU (a single quantizer call, 100-200 µs of GPU
+    work, launched from Python is at the edge of host-bound: round 6's second call timed every eager call at
+    205-230 µs, whatever the kernel); the section's JSON, with a log line."""
+    t = time_interleaved({k: B._graph(f) for k, f in fns.items()} if dev == "cuda" else fns, **timing)
+    B._log(f"  {label} {'x'.join(map(str, shape))}: " + " | ".join(f"{k} {v.median_ms * 1e3:.1f} us" for k, v in t.items()))
+    return {"shape": shape, "graphed": dev == "cuda", "figures": {k: v.as_dict() for k, v in t.items()}}
 
 
 def bench_right_operands(T: int, K: int, N: int, dev: str, timing: dict) -> dict:
@@ -143,10 +146,7 @@ def bench_right_operands(T: int, K: int, N: int, dev: str, timing: dict) -> dict
         qxt = fns[f"xt_bwd_r{rb}"]()
         gemms[f"gemms_r{rb}"] = lambda qw=qw, qwt=qwt, qxt=qxt: (G.hopper_fp8_mm(qx, qw), G.hopper_fp8_mm(qe, qwt),
                                                                  G.hopper_fp8_mm(qet, qxt))
-    t = time_interleaved(_graphed({**fns, **gemms}, dev), **timing)
-    out = {"shape": [T, K, N], "graphed": dev == "cuda", "figures": {k: v.as_dict() for k, v in t.items()}}
-    B._log(f"  right operands {T}x{K}x{N}: " + " | ".join(f"{k} {v.median_ms * 1e3:.1f} us" for k, v in t.items()))
-    return out
+    return _time_calls("right operands", [T, K, N], {**fns, **gemms}, dev, timing)
 
 
 def bench_tiles(T: int, N: int, dev: str, timing: dict) -> dict:
@@ -163,10 +163,7 @@ def bench_tiles(T: int, N: int, dev: str, timing: dict) -> dict:
         for sr in (False, True):
             fns[f"T{name}_{'sr' if sr else 'rtn'}"] = (
                 lambda tile=tile, sr=sr: mx_quantize(e, axis=0, seed=3, stochastic=sr, block=tile, **kw))
-    t = time_interleaved(_graphed(fns, dev), **timing)
-    out = {"shape": [T, N], "graphed": dev == "cuda", "figures": {k: v.as_dict() for k, v in t.items()}}
-    B._log(f"  tiles {T}x{N}: " + " | ".join(f"{k} {v.median_ms * 1e3:.1f} us" for k, v in t.items()))
-    return out
+    return _time_calls("tiles", [T, N], fns, dev, timing)
 
 
 def table(result: dict) -> str:

@@ -29,6 +29,22 @@ def process_start(pid: int) -> int | None:
         return None
 
 
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and all its descendants on this host, parents first (from each process's parent pid, field 4 of
+    ``/proc/<pid>/stat``): processes that left ``pid``'s process group or session (torchrun's ranks) included."""
+    children: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            fields = _stat(int(d))
+            if fields and len(fields) > 1 and fields[1].isdigit():
+                children.setdefault(int(fields[1]), []).append(int(d))
+    out, todo = [], [int(pid)]
+    while todo:
+        out.append(todo.pop())
+        todo += children.get(out[-1], [])
+    return out
+
+
 def _zombie(pid: int) -> bool:
     fields = _stat(pid)
     return bool(fields) and fields[0] in ("Z", "X")

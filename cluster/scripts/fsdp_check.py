@@ -68,6 +68,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from quartet.proc import pid_alive, process_tree  # noqa: E402  (stdlib only: the parent imports no torch)
 GB = 1e9
 #: the GPU machine requires NVLink multicast off (NVLS in NCCL, symmetric memory in torch)
 NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
@@ -160,28 +164,11 @@ def classify(returncode: int | None, log_text: str, timed_out: bool) -> str:
     return "oom" if any(m in log_text for m in OOM_MARKERS) else "error"
 
 
-def _process_tree(pid: int) -> list[int]:
-    """``pid`` and its descendants (Linux /proc). torchrun starts each rank in a session of its own, so the ranks are
-    not in the process group of the torchrun that this script started."""
-    children: dict[int, list[int]] = {}
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(d.name))
-    out, todo = [], [pid]
-    while todo:
-        out.append(todo.pop())
-        todo += children.get(out[-1], [])
-    return out
-
-
 def kill_tree(p: subprocess.Popen, grace: float = 15.0) -> None:
     """End a run this script started and everything it started: SIGTERM, then SIGKILL after ``grace`` s; returns
-    once they are gone (their GPU memory freed before the next run starts)."""
-    pids = _process_tree(p.pid)
+    once they are gone (their GPU memory freed before the next run starts). The whole tree, not the process group:
+    torchrun starts each rank in a session of its own."""
+    pids = process_tree(p.pid)
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in pids:
             try:
@@ -191,19 +178,12 @@ def kill_tree(p: subprocess.Popen, grace: float = 15.0) -> None:
         end = time.monotonic() + grace
         while time.monotonic() < end:
             p.poll()
-            if not any(Path(f"/proc/{pid}").exists() and not _zombie(pid) for pid in pids):
+            if not any(pid_alive(pid) for pid in pids):
                 p.wait()
                 return
             time.sleep(0.2)
-        pids = sorted(set(pids) | set(_process_tree(p.pid)))
+        pids = sorted(set(pids) | set(process_tree(p.pid)))
     p.wait()
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return True
 
 
 def losses(run_dir: Path) -> dict[int, float]:
@@ -690,7 +670,6 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     args.argv = argv
     if args.child:
-        sys.path.insert(0, str(REPO))
         return _child(args)
     for k, v in DEFAULTS[args.device].items():
         if getattr(args, k) is None:

@@ -288,6 +288,7 @@ def bench_linear(bench: Bench, shapes=LINEAR_SHAPES, graphs: bool = True, profil
     """Linear fwd+bwd under bf16 autocast, fp32 weights on every side: bf16 vs quartet (RTN) vs quartet_sr (SR),
     eager and CUDA-graphed, plus the GEMMs alone and the quantizer calls of one step (where the time goes)."""
     from quartet.kernels import gemm as G
+    from quartet.kernels.linear import MASK_BITS
     from quartet.kernels.triton_quant import masked_inverse_hadamard, mx_quantize
 
     dev = bench.dev
@@ -334,8 +335,6 @@ def bench_linear(bench: Bench, shapes=LINEAR_SHAPES, graphs: bool = True, profil
         xq, wq, eq = (mx_quantize(x, rule="quest").deq, mx_quantize(w, rule="quest").deq,
                       mx_quantize(e, rule="absmax").deq)
         row["figures"]["bf16_gemms"] = bench.time(lambda: (xq @ wq.t(), eq @ wq, eq.t() @ xq))
-        from quartet.kernels.linear import MASK_BITS
-
         L1, R128 = dict(fp8="e4m3", fp8_block=1, deq=False), dict(fp8="e4m3", fp8_block=128, deq=False)
         mk = dict(mask=True, mask_bits=MASK_BITS)  # the masks as the layer saves them
         c1, d1 = mx_quantize(x, rule="quest", **mk, **L1), mx_quantize(w, rule="quest", **mk, **R128)

@@ -152,8 +152,8 @@ def _as_bf16_input(t: torch.Tensor) -> tuple[torch.Tensor, dict]:
     return t.to(torch.bfloat16), {}
 
 
-def _forward_gemm(x2d: torch.Tensor, weight: torch.Tensor, state: _Ctx, blocks: bool, right_block: int = 128,
-                  mask_bits: bool = False):
+def _forward_gemm(x2d: torch.Tensor, weight: torch.Tensor, state: _Ctx, blocks: bool, right_block: int,
+                  mask_bits: bool):
     """Forward of the layer on a 2-D ``x2d`` (tokens padded): ``y`` and the six tensors the backward needs
     (``X̂``, its scales, its QuEST mask, ``Ŵ``, its scales, its mask; a scale is None on engines that keep
     dequantized bf16 values). With ``blocks`` the right operand W is scaled per ``right_block``×128 block;
@@ -183,7 +183,7 @@ def _forward_gemm(x2d: torch.Tensor, weight: torch.Tensor, state: _Ctx, blocks: 
 
 
 def _backward_gemms(e: torch.Tensor, saved, st: _Ctx, blocks: bool, s_dx, s_dw, seeds,
-                    right_block: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+                    right_block: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Both backward GEMMs: ``dX`` (bf16) and ``dW`` (float32) from the output gradient ``e``.
 
     ``right_block`` is the forward's (the saved Ŵ's block rows); the backward's right operands use it too.

@@ -11,6 +11,7 @@ The stopping rule is separate from the clock (``run_chunk``), so it is tested on
 from __future__ import annotations
 
 import math
+import random
 import statistics
 from dataclasses import asdict, dataclass
 from typing import Callable, Sequence
@@ -91,9 +92,14 @@ def time_callable(fn: Callable[[], object], *, min_reps: int = MIN_REPS, min_sec
         k = _chunk(times or warm, min_reps - len(times), min_seconds - sum(times), max_chunk_seconds,
                    max_reps - len(times))
         times += run(fn, k)
+    return _summary(times, len(warm))
+
+
+def _summary(times: list, warmup_n: int) -> Timing:
+    """The figure of timed repeats (durations in seconds): median, p10/p90, extremes, count, seconds timed."""
     ms = [t * 1e3 for t in times]
     return Timing(median_ms=statistics.median(ms), p10_ms=percentile(ms, 0.1), p90_ms=percentile(ms, 0.9),
-                  min_ms=min(ms), max_ms=max(ms), n=len(ms), total_s=sum(times), warmup_n=len(warm))
+                  min_ms=min(ms), max_ms=max(ms), n=len(ms), total_s=sum(times), warmup_n=warmup_n)
 
 
 def time_interleaved(fns: dict[str, Callable[[], object]], *, min_reps: int = MIN_REPS, min_seconds: float = MIN_SECONDS,
@@ -114,8 +120,6 @@ def time_interleaved(fns: dict[str, Callable[[], object]], *, min_reps: int = MI
         raise ValueError("time_interleaved needs at least one callable")
     if min_reps < 1 or min_seconds < 0:
         raise ValueError("min_reps must be >= 1 and min_seconds >= 0")
-    import random
-
     run = run_chunk or cuda_event_chunk
     per = {}
     for name, fn in fns.items():  # warm-up (JIT, compile, allocator growth), and a first duration for the chunk size
@@ -133,12 +137,7 @@ def time_interleaved(fns: dict[str, Callable[[], object]], *, min_reps: int = MI
             if settle_seconds > 0:
                 warm[name] += len(run(fn, max(1, math.ceil(settle_seconds / per[name]))))
             times[name] += run(fn, max(1, math.ceil(chunk_seconds / per[name])))
-    out = {}
-    for name, t in times.items():
-        ms = [x * 1e3 for x in t]
-        out[name] = Timing(median_ms=statistics.median(ms), p10_ms=percentile(ms, 0.1), p90_ms=percentile(ms, 0.9),
-                           min_ms=min(ms), max_ms=max(ms), n=len(ms), total_s=sum(t), warmup_n=warm[name])
-    return out
+    return {name: _summary(t, warm[name]) for name, t in times.items()}
 
 
 def _chunk(seen: list, reps_left: int, seconds_left: float, max_chunk_seconds: float, cap: int) -> int:

@@ -537,21 +537,16 @@ GPU_BLOCK = (32, 128, 4)  # best overall on H200 (the FP8-fold recipes slow down
 BLOCK128_WARPS = int(os.environ.get("QUARTET_QBLOCK128_WARPS", "16"))
 
 
-#: tile of the transposed reads (groups along the stored tensor's columns: Eᵀ, X̂ᵀ, Ŵᵀ): ``QUARTET_QBLOCK_T=r,k,w``
-#: overrides it (benchmarks/layer_variants.py's tile section times candidates against each other)
-GPU_BLOCK_T = GPU_BLOCK
-
-
-def _blocks(R: int, K: int, device: torch.device, transposed: bool = False) -> tuple[int, int, int]:
-    """Tile shape and warps: big tiles on the GPU, small ones for the CPU interpreter; ``transposed`` reads (the
-    group axis strided in memory) take :data:`GPU_BLOCK_T`."""
+def _blocks(R: int, K: int, device: torch.device) -> tuple[int, int, int]:
+    """Tile shape and warps: big tiles on the GPU, small ones for the CPU interpreter. (Transposed reads use the same
+    tile: round 6's graphed sweep of six tiles for Eᵀ found none faster, benchmarks/layer_variants.py ``tiles``.)"""
     if device.type != "cuda":
         return 16, 64, 4
-    env = os.environ.get("QUARTET_QBLOCK_T" if transposed else "QUARTET_QBLOCK")
+    env = os.environ.get("QUARTET_QBLOCK")
     if env:
         br, bk, w = (int(v) for v in env.split(","))
         return br, bk, w
-    br, bk, w = GPU_BLOCK_T if transposed else GPU_BLOCK
+    br, bk, w = GPU_BLOCK
     while K % bk:
         bk //= 2
     return br, bk, w
@@ -622,11 +617,13 @@ def mx_quantize(
         raise ValueError(f"fp8 must be one of {sorted(FP8_FORMATS)} or None, got {fp8!r}")
     if cast_bf16 and (x.dtype != torch.float32 or in_scale is not None):
         raise ValueError("cast_bf16 reads a float32 operand (without in_scale)")
+    if mask_bits and not mask:
+        raise ValueError("mask_bits packs the QuEST mask: ask for mask=True too")
     R, K, s_r, s_k = _logical(x, axis)
     if K % 32:
         raise ValueError(f"the group axis must be a multiple of 32, got {K}")
     dev = x.device
-    br, bk, warps = block or _blocks(R, K, dev, transposed=s_r == 1 and s_k != 1)
+    br, bk, warps = block or _blocks(R, K, dev)
     while K % bk:
         bk //= 2
     grid = (triton.cdiv(R, br), triton.cdiv(K, bk))
@@ -641,8 +638,6 @@ def mx_quantize(
     out = QuantizedOperand(factor=4.0 / 3.0 if rule == "absmax" else 1.0)
     if deq:
         out.deq = torch.empty(R, K, device=dev, dtype=out_dtype)
-    if mask_bits and not mask:
-        raise ValueError("mask_bits packs the QuEST mask: ask for mask=True too")
     if mask and mask_bits:
         out.mask_bits = torch.empty(R, K // 32, device=dev, dtype=torch.int32)
     elif mask:
