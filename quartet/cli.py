@@ -54,5 +54,16 @@ def main(argv: list[str] | None = None) -> int:
     return int(code or 0)
 
 
+def entry() -> None:
+    """The ``quartet`` console script: :func:`main`, then the exit. A process that ran a torch.distributed group
+    (``quartet train`` under torchrun, or FSDP on one process) ends through
+    :func:`quartet.distributed.exit_process`, which says why; every other through ``sys.exit``."""
+    code = main()
+    qdist = sys.modules.get("quartet.distributed")  # imported only by commands that may create a group
+    if qdist is not None and qdist.group_created():
+        qdist.exit_process(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    entry()

@@ -7,8 +7,11 @@ are averaged by DDP. Only rank 0 writes files and logs.
 """
 from __future__ import annotations
 
+import atexit
 import os
+import sys
 from dataclasses import dataclass
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -30,6 +33,37 @@ class DistInfo:
         return self.world_size > 1
 
 
+#: set once :func:`setup` has created a process group in this process (see :func:`exit_process`)
+_GROUP_CREATED = False
+
+
+def group_created() -> bool:
+    """True once :func:`setup` created a process group in this process (destroyed or not)."""
+    return _GROUP_CREATED
+
+
+def exit_process(code: int) -> NoReturn:
+    """End a process that ran a process group: Python's exit handlers, flushed stdio, then ``os._exit(code)``.
+
+    Why not a plain exit: ``destroy_process_group()`` unregisters the group, but the Gloo backend's threads
+    (``pt_gloo_runloop``, ``gloo_tcp_loop``) live on while anything still holds the group object — under FSDP2 the
+    DTensor sharding cache does until the interpreter ends. The interpreter's own teardown then destroys them in an
+    order that now and then calls ``std::terminate``: a *completed* rank dies with SIGABRT ("terminate called without
+    an active exception"), torchrun reports the run failed. Seen once in 20 two-process CPU FSDP runs on a loaded
+    2-core machine, and as a failed CI run. Everything a run writes is closed before this (the trainer's logs, the
+    wandb mirror, ``atexit`` handlers run here first); only the interpreter's final teardown is skipped.
+    """
+    try:
+        atexit._run_exitfuncs()  # what a normal exit runs first (logging.shutdown, wandb, compile-worker pools)
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # closed or broken: nothing left to save
+                pass
+        os._exit(int(code))
+
+
 def world_size_from_env() -> int:
     """WORLD_SIZE from the environment (1 when unset)."""
     return int(os.environ.get("WORLD_SIZE", "1") or 1)
@@ -41,12 +75,14 @@ def setup(device_type: str, single_group: bool = False) -> DistInfo:
     ``single_group``: one process still gets a one-rank group (in-memory store, no rendezvous), which FSDP2
     needs to shard over a mesh of one.
     """
+    global _GROUP_CREATED
     world = world_size_from_env()
     if world <= 1:
         if not single_group or dist.is_initialized():
             return DistInfo()
         dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo", store=dist.HashStore(),
                                 rank=0, world_size=1)
+        _GROUP_CREATED = True
         return DistInfo(initialized_here=True)
     rank = int(os.environ.get("RANK", "0"))
     local = int(os.environ.get("LOCAL_RANK", str(rank)))
@@ -55,7 +91,7 @@ def setup(device_type: str, single_group: bool = False) -> DistInfo:
         if device_type == "cuda":
             torch.cuda.set_device(local)
         dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo", rank=rank, world_size=world)
-        here = True
+        here = _GROUP_CREATED = True
     return DistInfo(rank=rank, local_rank=local, world_size=world, initialized_here=here)
 
 

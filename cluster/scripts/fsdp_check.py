@@ -669,8 +669,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("overrides", nargs="*", help="extra Hydra overrides for every run (after --)")
     args = p.parse_args(argv)
     args.argv = argv
-    if args.child:
-        return _child(args)
+    if args.child:  # a rank under torchrun: ends without the interpreter's teardown (exit_process says why)
+        from quartet.distributed import exit_process
+
+        exit_process(_child(args))
     for k, v in DEFAULTS[args.device].items():
         if getattr(args, k) is None:
             setattr(args, k, v)

@@ -172,7 +172,9 @@ def test_a_failing_check_exits_1(tmp_path):
     res, r = _run(tmp_path, "--precisions", "bf16", "--resume-precision", "bf16", "--tol-modes", "-1",
                   "--fit-sizes", "")
     assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-3000:]
-    assert res.stdout.strip().splitlines()[-1].startswith("RESULT FAIL: 5 checks passed, 2 failed")
+    runs = {k: (v["status"], v.get("reason"), v.get("seconds")) for k, v in r["runs"].items()}
+    assert res.stdout.strip().splitlines()[-1].startswith("RESULT FAIL: 5 checks passed, 2 failed"), \
+        (runs, r["problems"], r["skipped"], res.stdout[-3000:])
     verdicts = {e["what"]: e["ok"] for e in r["equality"]}
     assert verdicts == {"ddp: 2 GPUs vs 1": True, "fsdp: 2 GPUs vs 1": True, "1 GPU: fsdp vs ddp": False,
                         "2 GPUs: fsdp vs ddp": False}
