@@ -10,6 +10,9 @@
 # train (~5 min): the 800M and 20M steps as `quartet train` runs them (benchmarks/ladder_speed.py: the real Trainer,
 #   bf16 vs quartet vs quartet_sr, compiled; data=pycode built first) with the layer's defaults -> train_speed_*.json
 # train+quant: the same, then layer_variants.py's quantizer sections (Eᵀ tiles, right operands; each call graphed)
+# caps (round 7, ~6 min): the GPU tests, then layer_variants.py's register caps: each quantizer call of the layer under
+#   maxnreg none/96/80/64, and the layer with capped variants against the uncapped default and BF16, RTN and SR
+#   -> gpu_tests.txt, caps.json / .log
 set -uo pipefail
 mode=${1:-variants}
 cd "$(dirname "$0")/.."
@@ -19,7 +22,7 @@ device_env bench_round6
   date -u +%FT%TZ
   nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm,power.draw,power.limit,temperature.gpu,driver_version --format=csv
   "$PY" -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, torch.cuda.get_device_name(0))"
-  echo "QUARTET_GIT_COMMIT=${QUARTET_GIT_COMMIT:-unset} QUARTET_RIGHT_BLOCK=${QUARTET_RIGHT_BLOCK:-default} QUARTET_MASK_BITS=${QUARTET_MASK_BITS:-default}"
+  echo "QUARTET_GIT_COMMIT=${QUARTET_GIT_COMMIT:-unset} QUARTET_RIGHT_BLOCK=${QUARTET_RIGHT_BLOCK:-default} QUARTET_MASK_BITS=${QUARTET_MASK_BITS:-default} QUARTET_MAXNREG=${QUARTET_MAXNREG:-default}"
 } > "$OUT/env_${mode/+/_}.txt" 2>&1
 cat "$OUT/env_${mode/+/_}.txt"
 # the card's state across the run, every 2 s (read-only queries)
@@ -28,17 +31,25 @@ nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.max.sm,power.draw,power.limit,
 smi_pid=$!
 trap 'kill $smi_pid 2>/dev/null' EXIT
 
-if [ "$mode" = variants ]; then
+if [ "$mode" = variants ] || [ "$mode" = caps ]; then
   xd=""; "$PY" -c "import xdist" 2>/dev/null && xd="-n 12"
   stamp "GPU tests $xd"
   timeout "${TESTS_HARD_S:-240}" "$PY" -m pytest -q -p no:cacheprovider $xd -rfE tests/kernels tests/quant/test_gpu.py \
     -m "slow or not slow" > "$OUT/gpu_tests.txt" 2>&1; echo "exit $?" >> "$OUT/gpu_tests.txt"
   tail -4 "$OUT/gpu_tests.txt"
-  stamp "layer variants"
-  timeout -s INT -k 20 "${VARIANTS_HARD_S:-300}" "$PY" benchmarks/layer_variants.py --out "$OUT/layer_variants.json" \
-    > "$OUT/layer_variants.log" 2>&1
-  echo "exit $?"
-  grep -v "^    " "$OUT/layer_variants.log" | tail -30
+  if [ "$mode" = caps ]; then
+    stamp "register caps"
+    timeout -s INT -k 20 "${VARIANTS_HARD_S:-330}" "$PY" benchmarks/layer_variants.py --sections caps,layer \
+      --variants r128_bits,cap96,cap96_64,cap80_64,r128_bits_sr,cap96_64_sr --out "$OUT/caps.json" > "$OUT/caps.log" 2>&1
+    echo "exit $?"
+    tail -40 "$OUT/caps.log"  # the table, printed last
+  else
+    stamp "layer variants"
+    timeout -s INT -k 20 "${VARIANTS_HARD_S:-300}" "$PY" benchmarks/layer_variants.py --out "$OUT/layer_variants.json" \
+      > "$OUT/layer_variants.log" 2>&1
+    echo "exit $?"
+    grep -v "^    " "$OUT/layer_variants.log" | tail -30
+  fi
   stamp "done"
   exit 0
 fi
@@ -67,5 +78,5 @@ if [ "$mode" = train ] || [ "$mode" = train+quant ]; then
   stamp "done"
   exit 0
 fi
-echo "unknown mode $mode (variants | train)" >&2
+echo "unknown mode $mode (variants | caps | train | train+quant)" >&2
 exit 2

@@ -7,6 +7,10 @@ Two layout choices of ``quartet.kernels.linear`` are measured here, each a flag 
   cuBLAS multiplies two 1×128-scaled operands (``scaled_mm_probe.py``), at a speed nobody had measured.
 * ``MASK_BITS`` — the forward's QuEST masks saved as one bool per element or packed into one int32 word per
   32-group: an eighth of the bytes written by the forward quantizers and read by the backward's inverse rotations.
+* ``triton_quant.MAXNREG`` / ``MAXNREG_BLOCK128`` (round 7) — register caps on the quantizer launches, 1×128 and
+  128×128 tiles: more programs per SM for a few more instructions and some spills (``sass_report.py --maxnreg``).
+  The ``caps`` section times each quantizer call of the layer under each cap of :data:`CAPS`; the ``cap*`` variants
+  the whole layer.
 
 Every variant, BF16 and the quantizer calls are CUDA-graphed and timed *interleaved* (``timing.time_interleaved``:
 short slices of each in turn until each has >= 20 repeats and >= 2 s), because these kernels are instruction-bound
@@ -14,6 +18,7 @@ and an H100 at its power cap moves its SM clock by ~40% within seconds: variants
 clocks. A figure is the median with p10/p90; ratios are of medians taken under the same clock history.
 
     python3 benchmarks/layer_variants.py --out layer_variants.json          # one H100: ~3 min
+    python3 benchmarks/layer_variants.py --sections caps,layer --variants r128_bits,cap96,cap96_64,cap80_64
     python3 benchmarks/layer_variants.py --device cpu --smoke               # CPU interpreter: the code path only
 
 Prints a table last; ``--out`` gets the JSON (figures, per-variant kernel profile at 16384×4096×4096, provenance).
@@ -34,16 +39,24 @@ if str(REPO) not in sys.path:
 
 from quartet.kernels import bench as B  # noqa: E402
 from quartet.kernels import linear as L  # noqa: E402
+from quartet.kernels import triton_quant as tq  # noqa: E402
 from quartet.kernels.timing import time_interleaved  # noqa: E402
 
-#: variant name -> (RIGHT_BLOCK, MASK_BITS, stochastic backward)
+#: variant name -> (RIGHT_BLOCK, MASK_BITS, stochastic backward, (MAXNREG, MAXNREG_BLOCK128))
 VARIANTS = {
-    "r128_bool": (128, False, False),   # round 5's layer
-    "r128_bits": (128, True, False),    # round 6's default
-    "r1_bits": (1, True, False),
-    "r128_bool_sr": (128, False, True),
-    "r128_bits_sr": (128, True, True),
+    "r128_bool": (128, False, False, (None, None)),   # round 5's layer
+    "r128_bits": (128, True, False, (None, None)),    # round 6's default
+    "r1_bits": (1, True, False, (None, None)),
+    "r128_bool_sr": (128, False, True, (None, None)),
+    "r128_bits_sr": (128, True, True, (None, None)),
+    # round 7: register caps (1x128 tiles, 128x128 tiles); 96 spills nothing, 64 lets two 128x128 programs share an SM
+    "cap96": (128, True, False, (96, None)),
+    "cap96_64": (128, True, False, (96, 64)),
+    "cap80_64": (128, True, False, (80, 64)),
+    "cap96_64_sr": (128, True, True, (96, 64)),
 }
+#: register caps of the ``caps`` section (None: uncapped, ptxas's choice)
+CAPS = (None, 96, 80, 64)
 #: tiles (rows, cols, warps) tried for the transposed 1×128 reads (Eᵀ from bf16): round 5's sweep changed every
 #: tile at once and its figures moved with the clock; here only the transposed calls change, timed interleaved
 TILES_T = [(32, 128, 4), (16, 128, 4), (64, 128, 4), (64, 128, 8), (128, 128, 8), (32, 128, 8)]
@@ -72,13 +85,14 @@ def _variant_layer(name: str, K: int, N: int, w: torch.Tensor, dev: str, engine:
 
 def _with_flags(name: str, fn):
     """Run ``fn()`` with the module flags of variant ``name`` (BF16: unchanged), restoring them after."""
-    old = (L.RIGHT_BLOCK, L.MASK_BITS)
+    old = (L.RIGHT_BLOCK, L.MASK_BITS, tq.MAXNREG, tq.MAXNREG_BLOCK128)
     if name in VARIANTS:
-        L.RIGHT_BLOCK, L.MASK_BITS = VARIANTS[name][:2]
+        rb, bits, _, (cap, cap128) = VARIANTS[name]
+        L.RIGHT_BLOCK, L.MASK_BITS, tq.MAXNREG, tq.MAXNREG_BLOCK128 = rb, bits, cap, cap128
     try:
         return fn()
     finally:
-        L.RIGHT_BLOCK, L.MASK_BITS = old
+        L.RIGHT_BLOCK, L.MASK_BITS, tq.MAXNREG, tq.MAXNREG_BLOCK128 = old
 
 
 def bench_shape(T: int, K: int, N: int, dev: str, engine: str, variants, timing: dict, profile: bool) -> dict:
@@ -115,7 +129,9 @@ def _time_calls(label: str, shape: list, fns: dict, dev: str, timing: dict) -> d
     """``fns`` timed interleaved, each captured in a CUDA graph on a GPU (a single quantizer call, 100-200 µs of GPU
     work, launched from Python is at the edge of host-bound: round 6's second call timed every eager call at
     205-230 µs, whatever the kernel); the section's JSON, with a log line."""
-    t = time_interleaved({k: B._graph(f) for k, f in fns.items()} if dev == "cuda" else fns, **timing)
+    graph = dev == "cuda"
+    t = time_interleaved({k: B._graph(f) for k, f in fns.items()} if graph else fns,
+                         run_chunk=None if graph else B._host_chunk, **timing)
     B._log(f"  {label} {'x'.join(map(str, shape))}: " + " | ".join(f"{k} {v.median_ms * 1e3:.1f} us" for k, v in t.items()))
     return {"shape": shape, "graphed": dev == "cuda", "figures": {k: v.as_dict() for k, v in t.items()}}
 
@@ -166,6 +182,35 @@ def bench_tiles(T: int, N: int, dev: str, timing: dict) -> dict:
     return _time_calls("tiles", [T, N], fns, dev, timing)
 
 
+def bench_caps(T: int, K: int, N: int, dev: str, timing: dict, caps=CAPS) -> dict:
+    """Each quantizer call of one layer step (forward X and W, backward E, Eᵀ, Ŵᵀ, X̂ᵀ; E also with SR) under each
+    register cap of ``caps`` (``mx_quantize(maxnreg=...)``), interleaved: which calls, if any, a cap speeds up."""
+    from quartet.kernels.triton_quant import mx_quantize
+
+    torch.manual_seed(3)
+    x = torch.randn(T, K, device=dev, dtype=torch.bfloat16)
+    e = torch.randn(T, N, device=dev, dtype=torch.bfloat16)
+    w = torch.randn(N, K, device=dev) * K ** -0.5
+    f8 = dict(fp8="e4m3", deq=False)
+    qx = mx_quantize(x, rule="quest", mask=True, mask_bits=True, fp8_block=1, **f8)
+    qw = mx_quantize(w, rule="quest", mask=True, mask_bits=True, cast_bf16=True, fp8_block=128, **f8)
+    sg = dict(signs=0x5A5A5A5A, seed=5)
+    calls = {  # the calls of quartet.kernels.linear's fused layer at RIGHT_BLOCK = 128
+        "x_fwd": lambda c: mx_quantize(x, rule="quest", mask=True, mask_bits=True, fp8_block=1, maxnreg=c, **f8),
+        "w_fwd": lambda c: mx_quantize(w, rule="quest", mask=True, mask_bits=True, cast_bf16=True, fp8_block=128,
+                                       maxnreg=c, **f8),
+        "e_rtn": lambda c: mx_quantize(e, rule="absmax", fp8_block=1, maxnreg=c, **sg, **f8),
+        "e_sr": lambda c: mx_quantize(e, rule="absmax", stochastic=True, fp8_block=1, maxnreg=c, **sg, **f8),
+        "et_rtn": lambda c: mx_quantize(e, axis=0, rule="absmax", fp8_block=1, maxnreg=c, **sg, **f8),
+        "wt_bwd": lambda c: mx_quantize(qw.fp8, axis=0, rule="absmax", in_scale=qw.block_scale, in_scale_rows=128,
+                                        fp8_block=128, maxnreg=c, **sg, **f8),
+        "xt_bwd": lambda c: mx_quantize(qx.fp8, axis=0, rule="absmax", in_scale=qx.block_scale, in_scale_rows=1,
+                                        fp8_block=128, maxnreg=c, **sg, **f8),
+    }
+    fns = {f"{name}@{cap or 'free'}": (lambda fn=fn, cap=cap: fn(cap)) for name, fn in calls.items() for cap in caps}
+    return _time_calls("register caps", [T, K, N], fns, dev, timing)
+
+
 def table(result: dict) -> str:
     lines = []
     for row in result.get("shapes", []):
@@ -181,6 +226,14 @@ def table(result: dict) -> str:
         T, K, N = row["shape"]
         lines.append(f"right operands {T}x{K}x{N}: " + ", ".join(
             f"{k} {v['median_ms'] * 1e3:.1f} us ±{v['spread']:.0%}" for k, v in row["figures"].items()))
+    if result.get("caps"):
+        f = result["caps"]["figures"]
+        lines.append(f"register caps {'x'.join(map(str, result['caps']['shape']))} (us; ratio to uncapped):")
+        for call in dict.fromkeys(k.split("@")[0] for k in f):
+            free = f[f"{call}@free"]["median_ms"]
+            lines.append(f"    {call:7s} " + "  ".join(
+                f"{k.split('@')[1]:>4s} {v['median_ms'] * 1e3:6.1f} ±{v['spread']:.0%} ({v['median_ms'] / free:.3f})"
+                for k, v in f.items() if k.split("@")[0] == call))
     return "\n".join(lines)
 
 
@@ -192,24 +245,39 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default=None, help="T,K,N;T,K,N... (default: the three benchmark shapes)")
     ap.add_argument("--no-profile", action="store_true")
     ap.add_argument("--sections", default="layer,tiles,right",
-                    help="comma list of: layer (the variants vs BF16), tiles (Eᵀ tiles), right (right operands)")
+                    help="comma list of: layer (the variants vs BF16), tiles (Eᵀ tiles), right (right operands), "
+                         "caps (each quantizer call under each register cap)")
+    ap.add_argument("--variants", default=None, help=f"comma list of the layer's variants (default: all of "
+                    f"{', '.join(VARIANTS)})")
     args = ap.parse_args(argv)
+    chosen = tuple(args.variants.split(",")) if args.variants else tuple(VARIANTS)
+    unknown = [v for v in chosen if v not in VARIANTS]
+    if unknown:
+        ap.error(f"unknown variant(s) {', '.join(unknown)}; choose from {', '.join(VARIANTS)}")
     dev = args.device
     bench = B.Bench(dev)
     if args.smoke:
-        shapes, variants = [(64, 64, 96)], ("r128_bool", "r1_bits")
+        shapes, variants = [(64, 64, 96)], (chosen if args.variants else ("r128_bool", "r1_bits"))
         timing = dict(min_reps=2, min_seconds=0.0, chunk_seconds=0.0, settle_seconds=0.0)
     else:
         shapes = ([tuple(int(v) for v in s.split(",")) for s in args.shapes.split(";")] if args.shapes
                   else list(B.LINEAR_SHAPES))
-        timing, variants = {}, tuple(VARIANTS)
+        timing, variants = {}, chosen
     result = {"meta": B.meta(["layer_variants", *(argv if argv is not None else sys.argv[1:])], bench),
-              "variants": {k: dict(zip(("right_block", "mask_bits", "stochastic"), v)) for k, v in VARIANTS.items()},
+              "variants": {k: dict(zip(("right_block", "mask_bits", "stochastic", "maxnreg"), v))
+                           for k, v in VARIANTS.items() if k in variants},
               "shapes": [], "right_operands": []}
     result["meta"]["timing"]["order"] = "interleaved (timing.time_interleaved)"
     result["gpu_before"] = B.gpu_state() if dev == "cuda" else None
     t0 = time.monotonic()
     sections = set(args.sections.split(","))
+    if "caps" in sections:  # first: the per-call figures are what the layer's cap variants are chosen from
+        # (block-scaled FP8 wants multiples of 128: the smoke run's layer shape has none)
+        T, K, N = (128, 128, 128) if args.smoke else (16384, 4096, 4096) if (16384, 4096, 4096) in shapes else shapes[0]
+        result["caps"] = bench_caps(T, K, N, dev, timing)
+        bench.empty()
+        if args.out:
+            args.out.write_text(json.dumps(result, indent=1))
     for T, K, N in shapes if "layer" in sections else []:
         result["shapes"].append(bench_shape(T, K, N, dev, bench.engine, variants, timing,
                                             profile=not args.no_profile and (T, K, N) == (16384, 4096, 4096)))

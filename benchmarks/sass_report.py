@@ -12,6 +12,7 @@ each thread handles: an upper bound of the executed count per element, good for 
 
     .venv/bin/python benchmarks/sass_report.py                     # table of the layer's recipes
     .venv/bin/python benchmarks/sass_report.py --json out.json --sass-dir /tmp/sass   # + the SASS of each
+    .venv/bin/python benchmarks/sass_report.py --maxnreg 96,80,64   # each also under register caps (spills, occupancy)
 """
 from __future__ import annotations
 
@@ -68,8 +69,9 @@ def _tool(name: str) -> str:
     return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name)
 
 
-def compile_recipe(pointers: dict, ints: dict, consts: dict, warps: int):
-    """The Triton kernel compiled for sm_90 with this specialisation (no GPU needed)."""
+def compile_recipe(pointers: dict, ints: dict, consts: dict, warps: int, maxnreg: int | None = None):
+    """The Triton kernel compiled for sm_90 with this specialisation (no GPU needed); ``maxnreg`` caps its registers
+    per thread as ``mx_quantize(maxnreg=...)`` does at run time."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -97,11 +99,12 @@ def compile_recipe(pointers: dict, ints: dict, consts: dict, warps: int):
         else:
             raise KeyError(f"no value for the kernel argument {n!r}")
     return triton.compile(ASTSource(fn, sig, constexprs, attrs), target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": warps})
+                          options={"num_warps": warps, **({"maxnreg": maxnreg} if maxnreg else {})})
 
 
 def analyse(kernel, elems_per_thread: float, sass_path: Path | None = None) -> dict:
-    """Registers, spills (local memory), shared memory, and the SASS opcode counts of a compiled kernel."""
+    """Registers, spills (the stack ptxas spills to, and the LDL/STL instructions that move them), shared memory,
+    and the SASS opcode counts of a compiled kernel."""
     import tempfile
 
     with tempfile.TemporaryDirectory() as d:
@@ -117,27 +120,33 @@ def analyse(kernel, elems_per_thread: float, sass_path: Path | None = None) -> d
     mem = re.findall(r"\b((?:LDG|STG|LDS|STS|LDSM|STSM|LDL|STL)[.A-Z0-9_]*)", sass)
     regs = int(re.search(r"REG:(\d+)", res).group(1))
     local = int(re.search(r"LOCAL:(\d+)", res).group(1))
-    return {"registers": regs, "local_bytes": local, "shared_bytes": kernel.metadata.shared,
+    stack = int(re.search(r"STACK:(\d+)", res).group(1))
+    spills = sum(n for op, n in collections.Counter(mem).items() if op.startswith(("LDL", "STL")))
+    return {"registers": regs, "local_bytes": local, "stack_bytes": stack, "spill_instructions": spills,
+            "shared_bytes": kernel.metadata.shared,
             "sass_instructions": len(ops), "per_element": len(ops) / elems_per_thread,
             "opcodes": dict(collections.Counter(ops).most_common()), "memory_ops": dict(collections.Counter(mem))}
 
 
-def report(names=None, sass_dir: Path | None = None) -> dict:
-    """Compile and analyse each recipe (all by default)."""
+def report(names=None, sass_dir: Path | None = None, caps=(None,)) -> dict:
+    """Compile and analyse each recipe (all by default) under each register cap of ``caps`` (None: uncapped); keys
+    are the recipe's name, followed by ``@ maxnreg N`` for a capped build."""
     out = {}
     for name, (ptr, ints, consts, warps) in RECIPES.items():
         if names and name not in names:
             continue
-        c = {**BASE, **consts}
-        k = compile_recipe({**POINTERS, **ptr}, {**INTS, **ints}, c, warps)
-        per_thread = c["BLOCK_R"] * c["BLOCK_K"] / (warps * 32)
-        path = sass_dir / (re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_") + ".sass") if sass_dir else None
-        r = analyse(k, per_thread, path)
-        # registers bound the resident warps: 65536 per SM, allocated per warp in units of 256
-        per_warp = -(-r["registers"] * 32 // 256) * 256
-        r["warps"] = warps
-        r["occupancy_by_registers"] = min(64, (65536 // per_warp) // warps * warps) / 64
-        out[name] = r
+        for cap in caps:
+            c = {**BASE, **consts}
+            k = compile_recipe({**POINTERS, **ptr}, {**INTS, **ints}, c, warps, cap)
+            per_thread = c["BLOCK_R"] * c["BLOCK_K"] / (warps * 32)
+            key = name + (f" @ maxnreg {cap}" if cap else "")
+            path = sass_dir / (re.sub(r"[^A-Za-z0-9]+", "_", key).strip("_") + ".sass") if sass_dir else None
+            r = analyse(k, per_thread, path)
+            # registers bound the resident warps: 65536 per SM, allocated per warp in units of 256
+            per_warp = -(-r["registers"] * 32 // 256) * 256
+            r["warps"], r["maxnreg"] = warps, cap
+            r["occupancy_by_registers"] = min(64, (65536 // per_warp) // warps * warps) / 64
+            out[key] = r
     return out
 
 
@@ -146,17 +155,21 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--sass-dir", type=Path)
     ap.add_argument("--recipe", action="append", help="only this recipe (repeatable; default: all)")
+    ap.add_argument("--maxnreg", default="", help="comma list of register caps to build each recipe under as well "
+                    "(as mx_quantize(maxnreg=...)), e.g. 96,80,64")
     args = ap.parse_args(argv)
     if args.sass_dir:
         args.sass_dir.mkdir(parents=True, exist_ok=True)
-    out = report(args.recipe, args.sass_dir)
+    out = report(args.recipe, args.sass_dir, (None, *(int(v) for v in args.maxnreg.split(",") if v)))
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
-    print(f"{'recipe':44s} {'regs':>4s} {'warps':>5s} {'occ':>4s} {'smem':>6s} {'sass':>5s} {'/elem':>6s}  top opcodes")
+    print(f"{'recipe':58s} {'regs':>4s} {'warps':>5s} {'occ':>4s} {'smem':>6s} {'spill':>5s} {'sass':>5s} {'/elem':>6s}"
+          "  top opcodes")
     for name, r in out.items():
         top = " ".join(f"{o}:{n}" for o, n in list(r["opcodes"].items())[:6])
-        print(f"{name:44s} {r['registers']:4d} {r['warps']:5d} {r['occupancy_by_registers']:4.0%} "
-              f"{r['shared_bytes']:6d} {r['sass_instructions']:5d} {r['per_element']:6.1f}  {top}")
+        print(f"{name:58s} {r['registers']:4d} {r['warps']:5d} {r['occupancy_by_registers']:4.0%} "
+              f"{r['shared_bytes']:6d} {r['spill_instructions']:5d} {r['sass_instructions']:5d} {r['per_element']:6.1f}"
+              f"  {top}")
     return 0
 
 

@@ -535,6 +535,24 @@ GPU_BLOCK = (32, 128, 4)  # best overall on H200 (the FP8-fold recipes slow down
 #: per setting). The tile's registers allow one 8-warp program per SM, so more warps is the only way to more
 #: occupancy. ``QUARTET_QBLOCK128_WARPS`` overrides it (the sweep).
 BLOCK128_WARPS = int(os.environ.get("QUARTET_QBLOCK128_WARPS", "16"))
+#: caps on the registers per thread of the quantizer launches on the GPU (ptxas ``.maxnreg``), or None (ptxas
+#: chooses): ``MAXNREG`` for the 1×128 tiles (4 warps), ``MAXNREG_BLOCK128`` for the 128×128 tiles (16 warps).
+#: Registers set these kernels' occupancy (65536 per SM): the 1×128 recipes compile to 96–127 registers, 4–5
+#: programs per SM (25–31%), and a cap of 96 / 80 / 64 allows 5 / 6 / 8; the 128×128 recipes (93–127) hold one
+#: program per SM until a cap of 64 allows two. The price is a few more instructions and, below ~96, spills
+#: (``benchmarks/sass_report.py --maxnreg 96,80,64``). Whether that buys speed is for the GPU to say
+#: (``benchmarks/layer_variants.py --sections caps``); until it has, nothing is capped.
+#: ``QUARTET_MAXNREG=a[,b]`` sets them for a process (b defaults to a); ``mx_quantize(maxnreg=...)`` per call.
+def _caps_from_env() -> tuple[int | None, int | None]:
+    """(MAXNREG, MAXNREG_BLOCK128) from ``QUARTET_MAXNREG``."""
+    text = os.environ.get("QUARTET_MAXNREG", "").strip()
+    if not text:
+        return None, None
+    a, _, b = text.partition(",")
+    return int(a), int(b or a)
+
+
+MAXNREG, MAXNREG_BLOCK128 = _caps_from_env()
 
 
 def _blocks(R: int, K: int, device: torch.device) -> tuple[int, int, int]:
@@ -574,6 +592,7 @@ def mx_quantize(
     in_scale_rows: int | None = None,
     cast_bf16: bool = False,
     mask_bits: bool = False,
+    maxnreg: int | None = None,
 ) -> QuantizedOperand:
     """Quantize a 2-D operand to MXFP4 in one fused pass (plus a row-exponent pass when ``fp8`` is set).
 
@@ -608,6 +627,9 @@ def mx_quantize(
     ``mask_bits`` (with ``mask``) writes the QuEST mask packed, one int32 word per 32-group (``mask_bits``
     ``(R, K/32)``: bit ``c`` of word ``j`` is element ``32·j + c``; :func:`unpack_mask_bits`) instead of one bool per
     element — what the fused layer saves for its backward, an eighth of the bytes.
+    ``maxnreg`` caps the registers per thread of the GPU launches (default :data:`MAXNREG`, or
+    :data:`MAXNREG_BLOCK128` with ``fp8_block=128``; ignored by the CPU interpreter). It changes the speed, never
+    the result.
     """
     if not HAS_TRITON:
         raise RuntimeError("triton is not installed; the fused quantizers need it")
@@ -619,6 +641,10 @@ def mx_quantize(
         raise ValueError("cast_bf16 reads a float32 operand (without in_scale)")
     if mask_bits and not mask:
         raise ValueError("mask_bits packs the QuEST mask: ask for mask=True too")
+    if maxnreg is None:
+        maxnreg = MAXNREG_BLOCK128 if fp8_block == 128 else MAXNREG
+    if maxnreg is not None and not (isinstance(maxnreg, int) and 24 <= maxnreg <= 255):
+        raise ValueError(f"maxnreg must be an int in [24, 255] (registers per thread), got {maxnreg!r}")
     R, K, s_r, s_k = _logical(x, axis)
     if K % 32:
         raise ValueError(f"the group axis must be a multiple of 32, got {K}")
@@ -673,7 +699,7 @@ def mx_quantize(
                   else 2),
         CAST_BF16=bool(cast_bf16),
         IN_SCALE=in_mode, COL_ORDER=(s_r == 1 and s_k != 1), BLOCK_R=br, BLOCK_K=bk, num_warps=warps,
-        IN_T=axis == 0, IN_BR=in_scale_rows or 1, MASK_BITS=bool(mask_bits),
+        IN_T=axis == 0, IN_BR=in_scale_rows or 1, MASK_BITS=bool(mask_bits), maxnreg=maxnreg,
     )
     mask_t = out.mask_bits if mask_bits else out.mask.view(torch.int8) if mask else dummy
     deq_t = out.deq if deq else dummy

@@ -250,22 +250,35 @@ def test_layer_variants_smoke_run_restores_the_layer_flags(tmp_path):
     spec = importlib.util.spec_from_file_location("layer_variants", B.REPO / "benchmarks" / "layer_variants.py")
     lv = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(lv)
-    before = (L.RIGHT_BLOCK, L.MASK_BITS)
+    from quartet.kernels import triton_quant as tq
+
+    flags = lambda: (L.RIGHT_BLOCK, L.MASK_BITS, tq.MAXNREG, tq.MAXNREG_BLOCK128)  # noqa: E731
+    before = flags()
     out = tmp_path / "lv.json"
-    assert lv.main(["--device", "cpu", "--smoke", "--out", str(out)]) == 0
-    assert (L.RIGHT_BLOCK, L.MASK_BITS) == before
+    assert lv.main(["--device", "cpu", "--smoke", "--out", str(out), "--sections", "caps,layer",
+                    "--variants", "r128_bool,r1_bits,cap96_64"]) == 0
+    assert flags() == before
     r = json.loads(out.read_text())
     (row,) = r["shapes"]
-    assert set(row["figures"]) == {"bf16", "r128_bool", "r1_bits"} and set(row["ratio_to_bf16"]) == {"r128_bool", "r1_bits"}
+    assert set(row["figures"]) == {"bf16", "r128_bool", "r1_bits", "cap96_64"}
+    assert set(row["ratio_to_bf16"]) == {"r128_bool", "r1_bits", "cap96_64"}
+    assert r["variants"]["cap96_64"]["maxnreg"] == [96, 64]
+    # the caps section: every quantizer call of the layer under every cap, and its table lines
+    calls = ("x_fwd", "w_fwd", "e_rtn", "e_sr", "et_rtn", "wt_bwd", "xt_bwd")
+    assert set(r["caps"]["figures"]) == {f"{c}@{cap or 'free'}" for c in calls for cap in lv.CAPS}
+    assert any(line.strip().startswith("xt_bwd") for line in r["table"])
+    with pytest.raises(SystemExit):
+        lv.main(["--device", "cpu", "--smoke", "--variants", "nope"])
     assert all(f["n"] >= 2 and f["median_ms"] > 0 for f in row["figures"].values())
     assert r["meta"]["timing"]["order"].startswith("interleaved") and r["table"]
     # a variant's flags are in force while it runs: the packed-mask layer saves int32 words
-    seen = []
+    seen, caps = [], []
     orig = L._forward_gemm
 
     def spy(*a, **k):
         y, saved = orig(*a, **k)
         seen.append(saved[2].dtype)
+        caps.append((tq.MAXNREG, tq.MAXNREG_BLOCK128))
         return y, saved
 
     L._forward_gemm = spy
@@ -274,6 +287,8 @@ def test_layer_variants_smoke_run_restores_the_layer_flags(tmp_path):
         x = torch.randn(64, 64, requires_grad=True)
         lv._with_flags("r1_bits", lv._layer_step(lin, x, torch.randn(64, 96), "cpu"))
         lv._with_flags("r128_bool", lv._layer_step(lin, x, torch.randn(64, 96), "cpu"))
+        lv._with_flags("cap80_64", lv._layer_step(lin, x, torch.randn(64, 96), "cpu"))
     finally:
         L._forward_gemm = orig
-    assert seen == [torch.int32, torch.bool]
+    assert seen == [torch.int32, torch.bool, torch.int32]
+    assert caps == [(None, None), (None, None), (80, 64)] and flags() == before

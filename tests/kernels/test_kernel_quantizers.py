@@ -426,3 +426,39 @@ def test_cast_bf16_reads_float32_as_its_bf16_rounding():
                 assert _equal_nan(u.float().cpu(), v.float().cpu()), name
     with pytest.raises(ValueError, match="cast_bf16"):
         tq.mx_quantize(xd.to(torch.bfloat16), cast_bf16=True)
+
+
+@pytest.mark.skipif(DEV != "cuda", reason="the register cap is a ptxas option: the CPU interpreter has no registers")
+def test_a_register_cap_changes_no_output():
+    """``maxnreg`` (ptxas ``.maxnreg``: fewer registers, spills, more programs per SM) is a speed knob only: each of
+    the fused layer's recipes gives bitwise the uncapped outputs at caps down to 64 registers (heavy spilling)."""
+    g = torch.Generator().manual_seed(41)
+    x = (torch.randn(512, 1024, generator=g) * torch.exp(3 * torch.randn(512, 1, generator=g))).to(DEV)
+    xb = x.to(torch.bfloat16)
+    fwd = tq.mx_quantize(xb, rule="quest", mask=True, mask_bits=True, fp8="e4m3", fp8_block=1, deq=False)
+    recipes = {
+        "X fwd": (xb, dict(rule="quest", mask=True, mask_bits=True, fp8="e4m3", fp8_block=1, deq=False)),
+        "W fwd": (x, dict(rule="quest", mask=True, mask_bits=True, cast_bf16=True, fp8="e4m3", fp8_block=128,
+                          deq=False)),
+        "E SR": (xb, dict(rule="absmax", stochastic=True, seed=7, signs=0x5A5A5A5A, fp8="e4m3", fp8_block=1)),
+        "Et RTN": (xb, dict(rule="absmax", axis=0, signs=0x5A5A5A5A, fp8="e4m3", fp8_block=1, deq=False)),
+        "Xt from FP8": (fwd.fp8, dict(rule="absmax", axis=0, in_scale=fwd.block_scale, in_scale_rows=1, fp8="e4m3",
+                                      fp8_block=128, deq=False)),
+    }
+    for name, (t, kw) in recipes.items():
+        ref = tq.mx_quantize(t, **kw)
+        for cap in (96, 64):
+            got = tq.mx_quantize(t, maxnreg=cap, **kw)
+            for attr in ("deq", "mask_bits", "fp8", "block_scale", "flushed"):
+                u, v = getattr(ref, attr), getattr(got, attr)
+                assert (u is None) == (v is None), (name, cap, attr)
+                if u is not None:
+                    assert torch.equal(u.view(torch.uint8) if u.dtype.itemsize == 1 else u,
+                                       v.view(torch.uint8) if v.dtype.itemsize == 1 else v), (name, cap, attr)
+
+
+def test_a_bad_register_cap_is_refused():
+    x = torch.randn(32, 64).to(DEV)
+    for bad in (8, 300, 96.0, "96"):
+        with pytest.raises(ValueError, match="maxnreg"):
+            tq.mx_quantize(x, maxnreg=bad)
