@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import os
 import sys
+import threading
 from dataclasses import dataclass
 from typing import NoReturn
 
@@ -51,10 +52,13 @@ def exit_process(code: int) -> NoReturn:
     order that now and then calls ``std::terminate``: a *completed* rank dies with SIGABRT ("terminate called without
     an active exception"), torchrun reports the run failed. Seen once in 20 two-process CPU FSDP runs on a loaded
     2-core machine, and as a failed CI run. Everything a run writes is closed before this (the trainer's logs, the
-    wandb mirror, ``atexit`` handlers run here first); only the interpreter's final teardown is skipped.
+    wandb mirror); what a normal exit does first is done here too, in its order — wait for the non-daemon threads
+    (and thread pools' exits), then the ``atexit`` handlers — only the interpreter's final teardown is skipped.
     """
     try:
-        atexit._run_exitfuncs()  # what a normal exit runs first (logging.shutdown, wandb, compile-worker pools)
+        # CPython's own first steps of an exit (private names: there is no public way to ask for them)
+        getattr(threading, "_shutdown", lambda: None)()  # joins non-daemon threads: no write cut short
+        atexit._run_exitfuncs()  # logging.shutdown, wandb, compile-worker pools
     finally:
         for stream in (sys.stdout, sys.stderr):
             try:

@@ -22,7 +22,12 @@ SCRIPT = textwrap.dedent("""
     assert info.initialized_here and qd.group_created()
     dist.all_reduce(__import__("torch").ones(3))
     qd.teardown(info)
-    atexit.register(lambda: marker.write_text("atexit ran"))
+    def late_writer():  # a non-daemon thread still working: a normal exit waits for it, and so must this one
+        import time
+        time.sleep(0.5)
+        marker.with_suffix(".thread").write_text("thread finished")
+    threading.Thread(target=late_writer).start()
+    atexit.register(lambda: marker.write_text("atexit ran after " + marker.with_suffix(".thread").read_text()))
     sys.stdout.write("unflushed line without newline")  # buffered: exit_process must flush it
     qd.exit_process(3)
     raise SystemExit("not reached")
@@ -38,7 +43,7 @@ def test_exit_process_runs_exit_handlers_flushes_and_keeps_the_code(tmp_path):
                          timeout=120)
     assert res.returncode == 3, res.stdout[-2000:] + res.stderr[-2000:]
     assert res.stdout == "unflushed line without newline"
-    assert marker.read_text() == "atexit ran"
+    assert marker.read_text() == "atexit ran after thread finished"  # threads joined first, then atexit
     assert "not reached" not in res.stderr
 
 
