@@ -133,35 +133,57 @@ def _time_calls(label: str, shape: list, fns: dict, dev: str, timing: dict) -> d
     t = time_interleaved({k: B._graph(f) for k, f in fns.items()} if graph else fns,
                          run_chunk=None if graph else B._host_chunk, **timing)
     B._log(f"  {label} {'x'.join(map(str, shape))}: " + " | ".join(f"{k} {v.median_ms * 1e3:.1f} us" for k, v in t.items()))
-    return {"shape": shape, "graphed": dev == "cuda", "figures": {k: v.as_dict() for k, v in t.items()}}
+    return {"shape": shape, "graphed": graph, "figures": {k: v.as_dict() for k, v in t.items()}}
+
+
+def _operands(T: int, K: int, N: int, dev: str, seed: int):
+    """Random layer operands: bf16 input x (T, K), bf16 output gradient e (T, N), float32 master weight w (N, K)."""
+    torch.manual_seed(seed)
+    return (torch.randn(T, K, device=dev, dtype=torch.bfloat16), torch.randn(T, N, device=dev, dtype=torch.bfloat16),
+            torch.randn(N, K, device=dev) * K ** -0.5)
+
+
+def _layer_calls(x, e, w, right_block: int = 128, **bwd) -> dict:
+    """The quantizer calls of one step of the fused layer (``linear._forward_gemm`` / ``_backward_gemms`` with block-
+    scaled FP8, packed masks, right operands per ``right_block``×128), each ``fn(**extra)`` (e.g. ``maxnreg``):
+    forward X, W (from float32); backward E (RTN, and SR as ``e_sr``), Eᵀ, Ŵᵀ and X̂ᵀ from the saved FP8. ``bwd`` goes
+    to every backward call (the layer passes its Hadamard signs and seeds there)."""
+    from quartet.kernels.triton_quant import mx_quantize
+
+    f8 = dict(fp8="e4m3", deq=False)
+    fwd = dict(rule="quest", mask=True, mask_bits=True, **f8)
+    back = dict(rule="absmax", **bwd, **f8)
+    qx = mx_quantize(x, fp8_block=1, **fwd)
+    qw = mx_quantize(w, cast_bf16=True, fp8_block=right_block, **fwd)
+    rb = right_block
+    return {
+        "x_fwd": lambda **k: mx_quantize(x, fp8_block=1, **fwd, **k),
+        "w_fwd": lambda **k: mx_quantize(w, cast_bf16=True, fp8_block=rb, **fwd, **k),
+        "e_rtn": lambda **k: mx_quantize(e, fp8_block=1, **back, **k),
+        "e_sr": lambda **k: mx_quantize(e, stochastic=True, fp8_block=1, **back, **k),
+        "et_rtn": lambda **k: mx_quantize(e, axis=0, fp8_block=1, **back, **k),
+        "wt_bwd": lambda **k: mx_quantize(qw.fp8, axis=0, in_scale=qw.block_scale, in_scale_rows=rb, fp8_block=rb,
+                                          **back, **k),
+        "xt_bwd": lambda **k: mx_quantize(qx.fp8, axis=0, in_scale=qx.block_scale, in_scale_rows=1, fp8_block=rb,
+                                          **back, **k),
+    }
 
 
 def bench_right_operands(T: int, K: int, N: int, dev: str, timing: dict) -> dict:
     """The right operands' quantizer calls (W forward from float32, Ŵᵀ and X̂ᵀ from the saved FP8) and the three
     GEMMs, with 128×128 and with 1×128 right blocks, interleaved."""
     from quartet.kernels import gemm as G
-    from quartet.kernels.triton_quant import mx_quantize
 
-    torch.manual_seed(1)
-    x = torch.randn(T, K, device=dev, dtype=torch.bfloat16)
-    e = torch.randn(T, N, device=dev, dtype=torch.bfloat16)
-    w = torch.randn(N, K, device=dev) * K ** -0.5
-    L1 = dict(fp8="e4m3", fp8_block=1, deq=False)
-    qx = mx_quantize(x, rule="quest", mask=True, mask_bits=True, **L1)
-    qe, qet = mx_quantize(e, rule="absmax", **L1), mx_quantize(e, rule="absmax", axis=0, **L1)
+    x, e, w = _operands(T, K, N, dev, 1)
     fns, gemms = {}, {}
     for rb in (128, 1):
-        R = dict(fp8="e4m3", fp8_block=rb, deq=False)
-        qw = mx_quantize(w, rule="quest", mask=True, mask_bits=True, cast_bf16=True, **R)
-        fns[f"w_fwd_r{rb}"] = lambda R=R: mx_quantize(w, rule="quest", mask=True, mask_bits=True, cast_bf16=True, **R)
-        fns[f"wt_bwd_r{rb}"] = lambda R=R, qw=qw, rb=rb: mx_quantize(qw.fp8, axis=0, rule="absmax", seed=2,
-                                                                     in_scale=qw.block_scale, in_scale_rows=rb, **R)
-        fns[f"xt_bwd_r{rb}"] = lambda R=R: mx_quantize(qx.fp8, axis=0, rule="absmax", seed=4, in_scale=qx.block_scale,
-                                                       in_scale_rows=1, **R)
-        qwt = fns[f"wt_bwd_r{rb}"]()
-        qxt = fns[f"xt_bwd_r{rb}"]()
-        gemms[f"gemms_r{rb}"] = lambda qw=qw, qwt=qwt, qxt=qxt: (G.hopper_fp8_mm(qx, qw), G.hopper_fp8_mm(qe, qwt),
-                                                                 G.hopper_fp8_mm(qet, qxt))
+        calls = _layer_calls(x, e, w, rb)
+        for name in ("w_fwd", "wt_bwd", "xt_bwd"):
+            fns[f"{name}_r{rb}"] = calls[name]
+        qx, qw, qe, qet = (calls[k]() for k in ("x_fwd", "w_fwd", "e_rtn", "et_rtn"))
+        qwt, qxt = calls["wt_bwd"](), calls["xt_bwd"]()
+        gemms[f"gemms_r{rb}"] = lambda qx=qx, qw=qw, qe=qe, qet=qet, qwt=qwt, qxt=qxt: (
+            G.hopper_fp8_mm(qx, qw), G.hopper_fp8_mm(qe, qwt), G.hopper_fp8_mm(qet, qxt))
     return _time_calls("right operands", [T, K, N], {**fns, **gemms}, dev, timing)
 
 
@@ -185,29 +207,9 @@ def bench_tiles(T: int, N: int, dev: str, timing: dict) -> dict:
 def bench_caps(T: int, K: int, N: int, dev: str, timing: dict, caps=CAPS) -> dict:
     """Each quantizer call of one layer step (forward X and W, backward E, Eᵀ, Ŵᵀ, X̂ᵀ; E also with SR) under each
     register cap of ``caps`` (``mx_quantize(maxnreg=...)``), interleaved: which calls, if any, a cap speeds up."""
-    from quartet.kernels.triton_quant import mx_quantize
-
-    torch.manual_seed(3)
-    x = torch.randn(T, K, device=dev, dtype=torch.bfloat16)
-    e = torch.randn(T, N, device=dev, dtype=torch.bfloat16)
-    w = torch.randn(N, K, device=dev) * K ** -0.5
-    f8 = dict(fp8="e4m3", deq=False)
-    qx = mx_quantize(x, rule="quest", mask=True, mask_bits=True, fp8_block=1, **f8)
-    qw = mx_quantize(w, rule="quest", mask=True, mask_bits=True, cast_bf16=True, fp8_block=128, **f8)
-    sg = dict(signs=0x5A5A5A5A, seed=5)
-    calls = {  # the calls of quartet.kernels.linear's fused layer at RIGHT_BLOCK = 128
-        "x_fwd": lambda c: mx_quantize(x, rule="quest", mask=True, mask_bits=True, fp8_block=1, maxnreg=c, **f8),
-        "w_fwd": lambda c: mx_quantize(w, rule="quest", mask=True, mask_bits=True, cast_bf16=True, fp8_block=128,
-                                       maxnreg=c, **f8),
-        "e_rtn": lambda c: mx_quantize(e, rule="absmax", fp8_block=1, maxnreg=c, **sg, **f8),
-        "e_sr": lambda c: mx_quantize(e, rule="absmax", stochastic=True, fp8_block=1, maxnreg=c, **sg, **f8),
-        "et_rtn": lambda c: mx_quantize(e, axis=0, rule="absmax", fp8_block=1, maxnreg=c, **sg, **f8),
-        "wt_bwd": lambda c: mx_quantize(qw.fp8, axis=0, rule="absmax", in_scale=qw.block_scale, in_scale_rows=128,
-                                        fp8_block=128, maxnreg=c, **sg, **f8),
-        "xt_bwd": lambda c: mx_quantize(qx.fp8, axis=0, rule="absmax", in_scale=qx.block_scale, in_scale_rows=1,
-                                        fp8_block=128, maxnreg=c, **sg, **f8),
-    }
-    fns = {f"{name}@{cap or 'free'}": (lambda fn=fn, cap=cap: fn(cap)) for name, fn in calls.items() for cap in caps}
+    calls = _layer_calls(*_operands(T, K, N, dev, 3), 128, signs=0x5A5A5A5A, seed=5)
+    fns = {f"{name}@{cap or 'free'}": (lambda fn=fn, cap=cap: fn(maxnreg=cap)) for name, fn in calls.items()
+           for cap in caps}
     return _time_calls("register caps", [T, K, N], fns, dev, timing)
 
 

@@ -135,10 +135,10 @@ def report(names=None, sass_dir: Path | None = None, caps=(None,)) -> dict:
     for name, (ptr, ints, consts, warps) in RECIPES.items():
         if names and name not in names:
             continue
+        c = {**BASE, **consts}
+        per_thread = c["BLOCK_R"] * c["BLOCK_K"] / (warps * 32)
         for cap in caps:
-            c = {**BASE, **consts}
             k = compile_recipe({**POINTERS, **ptr}, {**INTS, **ints}, c, warps, cap)
-            per_thread = c["BLOCK_R"] * c["BLOCK_K"] / (warps * 32)
             key = name + (f" @ maxnreg {cap}" if cap else "")
             path = sass_dir / (re.sub(r"[^A-Za-z0-9]+", "_", key).strip("_") + ".sass") if sass_dir else None
             r = analyse(k, per_thread, path)

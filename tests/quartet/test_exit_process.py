@@ -55,3 +55,38 @@ def test_the_console_script_ends_through_entry():
     res = subprocess.run([sys.executable, "-m", "quartet.cli", "nope"], cwd=REPO, capture_output=True, text=True,
                          timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert res.returncode == 2 and "unknown command" in res.stderr
+
+
+ENTRY = textwrap.dedent("""
+    import sys
+    import quartet.cli as cli
+
+    class Finalized:  # a module global: its __del__ runs in the interpreter's teardown, which exit_process skips
+        def __del__(self):
+            sys.stdout.write("teardown ran")
+            sys.stdout.flush()
+
+    def main():
+        if sys.argv[1] == "group":
+            from quartet import distributed as qd
+            qd.teardown(qd.setup("cpu", single_group=True))
+        return 4
+
+    keep = Finalized()
+    cli.main = main
+    cli.entry()
+""")
+
+
+def test_entry_skips_the_teardown_only_after_a_process_group():
+    """cli.entry: after a group was created it ends through exit_process (no interpreter teardown), else through
+    sys.exit (teardown runs); main's exit code either way. A plain sys.exit(main()) would run the teardown in both."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    got = {}
+    for how in ("group", "none"):
+        res = subprocess.run([sys.executable, "-c", ENTRY, how], env=env, capture_output=True, text=True, timeout=120)
+        assert res.returncode == 4, res.stdout[-2000:] + res.stderr[-2000:]
+        got[how] = res.stdout
+    assert got == {"group": "", "none": "teardown ran"}
