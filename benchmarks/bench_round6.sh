@@ -11,7 +11,8 @@
 #   bf16 vs quartet vs quartet_sr, compiled; data=pycode built first) with the layer's defaults -> train_speed_*.json
 # train+quant: the same, then layer_variants.py's quantizer sections (Eᵀ tiles, right operands; each call graphed)
 # caps (round 7, ~6 min): the GPU tests, then layer_variants.py's register caps: each quantizer call of the layer under
-#   maxnreg none/96/80/64, and the layer with capped variants against the uncapped default and BF16, RTN and SR
+#   maxnreg none/96/64 (CAPS) at the three shapes (SHAPES="T,K,N;..." for others), and the layer with the measured
+#   per-kind caps (the default since round 7) against the uncapped layer and BF16, RTN and SR (VARIANTS)
 #   -> gpu_tests.txt, caps.json / .log
 set -uo pipefail
 mode=${1:-variants}
@@ -39,8 +40,9 @@ if [ "$mode" = variants ] || [ "$mode" = caps ]; then
   tail -4 "$OUT/gpu_tests.txt"
   if [ "$mode" = caps ]; then
     stamp "register caps"
-    timeout -s INT -k 20 "${VARIANTS_HARD_S:-330}" "$PY" benchmarks/layer_variants.py --sections caps,layer \
-      --variants r128_bits,cap96,cap96_64,cap80_64,r128_bits_sr,cap96_64_sr --out "$OUT/caps.json" > "$OUT/caps.log" 2>&1
+    timeout -s INT -k 20 "${VARIANTS_HARD_S:-420}" "$PY" benchmarks/layer_variants.py --sections caps,layer \
+      --caps "${CAPS:-0,96,64}" ${SHAPES:+--shapes "$SHAPES"} \
+      --variants "${VARIANTS:-r128_bits,tuned,r128_bits_sr,tuned_sr}" --out "$OUT/caps.json" > "$OUT/caps.log" 2>&1
     echo "exit $?"
     tail -40 "$OUT/caps.log"  # the table, printed last
   else

@@ -7,10 +7,10 @@ Two layout choices of ``quartet.kernels.linear`` are measured here, each a flag 
   cuBLAS multiplies two 1×128-scaled operands (``scaled_mm_probe.py``), at a speed nobody had measured.
 * ``MASK_BITS`` — the forward's QuEST masks saved as one bool per element or packed into one int32 word per
   32-group: an eighth of the bytes written by the forward quantizers and read by the backward's inverse rotations.
-* ``triton_quant.MAXNREG`` / ``MAXNREG_BLOCK128`` (round 7) — register caps on the quantizer launches, 1×128 and
-  128×128 tiles: more programs per SM for a few more instructions and some spills (``sass_report.py --maxnreg``).
-  The ``caps`` section times each quantizer call of the layer under each cap of :data:`CAPS`; the ``cap*`` variants
-  the whole layer.
+* ``triton_quant.MAXNREG`` (round 7) — register caps on the quantizer launches, per tile (1×128, 128×128) and read
+  (direct, transposed): more programs per SM for a few more instructions and some spills (``sass_report.py
+  --maxnreg``). The ``caps`` section times each quantizer call of the layer under each cap of ``--caps``; the
+  ``cap*`` variants the whole layer with one cap per tile, ``tuned`` with the measured per-kind default.
 
 Every variant, BF16 and the quantizer calls are CUDA-graphed and timed *interleaved* (``timing.time_interleaved``:
 short slices of each in turn until each has >= 20 repeats and >= 2 s), because these kernels are instruction-bound
@@ -19,6 +19,7 @@ clocks. A figure is the median with p10/p90; ratios are of medians taken under t
 
     python3 benchmarks/layer_variants.py --out layer_variants.json          # one H100: ~3 min
     python3 benchmarks/layer_variants.py --sections caps,layer --variants r128_bits,cap96,cap96_64,cap80_64
+    python3 benchmarks/layer_variants.py --sections caps,layer --caps 0,96,64 --variants r128_bits,tuned,r128_bits_sr,tuned_sr
     python3 benchmarks/layer_variants.py --device cpu --smoke               # CPU interpreter: the code path only
 
 Prints a table last; ``--out`` gets the JSON (figures, per-variant kernel profile at 16384×4096×4096, provenance).
@@ -42,21 +43,29 @@ from quartet.kernels import linear as L  # noqa: E402
 from quartet.kernels import triton_quant as tq  # noqa: E402
 from quartet.kernels.timing import time_interleaved  # noqa: E402
 
-#: variant name -> (RIGHT_BLOCK, MASK_BITS, stochastic backward, (MAXNREG, MAXNREG_BLOCK128))
+def _caps(a: int | None, b: int | None) -> dict:
+    """A register-cap table (``triton_quant.MAXNREG``): ``a`` for both 1×128 reads, ``b`` for both 128×128 reads."""
+    return {"1x128": a, "1x128 T": a, "128x128": b, "128x128 T": b}
+
+
+#: variant name -> (RIGHT_BLOCK, MASK_BITS, stochastic backward, register-cap table ``triton_quant.MAXNREG``)
 VARIANTS = {
-    "r128_bool": (128, False, False, (None, None)),   # round 5's layer
-    "r128_bits": (128, True, False, (None, None)),    # round 6's default
-    "r1_bits": (1, True, False, (None, None)),
-    "r128_bool_sr": (128, False, True, (None, None)),
-    "r128_bits_sr": (128, True, True, (None, None)),
+    "r128_bool": (128, False, False, _caps(None, None)),   # round 5's layer
+    "r128_bits": (128, True, False, _caps(None, None)),    # round 6's layer (nothing capped)
+    "r1_bits": (1, True, False, _caps(None, None)),
+    "r128_bool_sr": (128, False, True, _caps(None, None)),
+    "r128_bits_sr": (128, True, True, _caps(None, None)),
     # round 7: register caps (1x128 tiles, 128x128 tiles); 96 spills nothing, 64 lets two 128x128 programs share an SM
-    "cap96": (128, True, False, (96, None)),
-    "cap96_64": (128, True, False, (96, 64)),
-    "cap80_64": (128, True, False, (80, 64)),
-    "cap96_64_sr": (128, True, True, (96, 64)),
+    "cap96": (128, True, False, _caps(96, None)),
+    "cap96_64": (128, True, False, _caps(96, 64)),
+    "cap80_64": (128, True, False, _caps(80, 64)),
+    "cap96_64_sr": (128, True, True, _caps(96, 64)),
+    # round 7's default: each launch kind's cap chosen from the caps section (triton_quant.MAXNREG_MEASURED)
+    "tuned": (128, True, False, dict(tq.MAXNREG_MEASURED)),
+    "tuned_sr": (128, True, True, dict(tq.MAXNREG_MEASURED)),
 }
-#: register caps of the ``caps`` section (None: uncapped, ptxas's choice)
-CAPS = (None, 96, 80, 64)
+#: register caps of the ``caps`` section (0: uncapped, ptxas's choice)
+CAPS = (0, 96, 80, 64)
 #: tiles (rows, cols, warps) tried for the transposed 1×128 reads (Eᵀ from bf16): round 5's sweep changed every
 #: tile at once and its figures moved with the clock; here only the transposed calls change, timed interleaved
 TILES_T = [(32, 128, 4), (16, 128, 4), (64, 128, 4), (64, 128, 8), (128, 128, 8), (32, 128, 8)]
@@ -85,14 +94,14 @@ def _variant_layer(name: str, K: int, N: int, w: torch.Tensor, dev: str, engine:
 
 def _with_flags(name: str, fn):
     """Run ``fn()`` with the module flags of variant ``name`` (BF16: unchanged), restoring them after."""
-    old = (L.RIGHT_BLOCK, L.MASK_BITS, tq.MAXNREG, tq.MAXNREG_BLOCK128)
+    old = (L.RIGHT_BLOCK, L.MASK_BITS, tq.MAXNREG)
     if name in VARIANTS:
-        rb, bits, _, (cap, cap128) = VARIANTS[name]
-        L.RIGHT_BLOCK, L.MASK_BITS, tq.MAXNREG, tq.MAXNREG_BLOCK128 = rb, bits, cap, cap128
+        rb, bits, _, caps = VARIANTS[name]
+        L.RIGHT_BLOCK, L.MASK_BITS, tq.MAXNREG = rb, bits, dict(caps)
     try:
         return fn()
     finally:
-        L.RIGHT_BLOCK, L.MASK_BITS, tq.MAXNREG, tq.MAXNREG_BLOCK128 = old
+        L.RIGHT_BLOCK, L.MASK_BITS, tq.MAXNREG = old
 
 
 def bench_shape(T: int, K: int, N: int, dev: str, engine: str, variants, timing: dict, profile: bool) -> dict:
@@ -228,9 +237,9 @@ def table(result: dict) -> str:
         T, K, N = row["shape"]
         lines.append(f"right operands {T}x{K}x{N}: " + ", ".join(
             f"{k} {v['median_ms'] * 1e3:.1f} us ±{v['spread']:.0%}" for k, v in row["figures"].items()))
-    if result.get("caps"):
-        f = result["caps"]["figures"]
-        lines.append(f"register caps {'x'.join(map(str, result['caps']['shape']))} (us; ratio to uncapped):")
+    for row in result.get("caps", []):
+        f = row["figures"]
+        lines.append(f"register caps {'x'.join(map(str, row['shape']))} (us; ratio to uncapped):")
         for call in dict.fromkeys(k.split("@")[0] for k in f):
             free = f[f"{call}@free"]["median_ms"]
             lines.append(f"    {call:7s} " + "  ".join(
@@ -249,6 +258,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sections", default="layer,tiles,right",
                     help="comma list of: layer (the variants vs BF16), tiles (Eᵀ tiles), right (right operands), "
                          "caps (each quantizer call under each register cap)")
+    ap.add_argument("--caps", default=",".join(map(str, CAPS)),
+                    help="comma list of the caps section's register caps (0: uncapped, always included)")
     ap.add_argument("--variants", default=None, help=f"comma list of the layer's variants (default: all of "
                     f"{', '.join(VARIANTS)})")
     args = ap.parse_args(argv)
@@ -274,12 +285,14 @@ def main(argv=None) -> int:
     t0 = time.monotonic()
     sections = set(args.sections.split(","))
     if "caps" in sections:  # first: the per-call figures are what the layer's cap variants are chosen from
+        caps = tuple(dict.fromkeys((0, *(int(v) for v in args.caps.split(",") if v))))
+        result["caps"] = []
         # (block-scaled FP8 wants multiples of 128: the smoke run's layer shape has none)
-        T, K, N = (128, 128, 128) if args.smoke else (16384, 4096, 4096) if (16384, 4096, 4096) in shapes else shapes[0]
-        result["caps"] = bench_caps(T, K, N, dev, timing)
-        bench.empty()
-        if args.out:
-            args.out.write_text(json.dumps(result, indent=1))
+        for T, K, N in [(128, 128, 128)] if args.smoke else shapes:
+            result["caps"].append(bench_caps(T, K, N, dev, timing, caps))
+            bench.empty()
+            if args.out:
+                args.out.write_text(json.dumps(result, indent=1))
     for T, K, N in shapes if "layer" in sections else []:
         result["shapes"].append(bench_shape(T, K, N, dev, bench.engine, variants, timing,
                                             profile=not args.no_profile and (T, K, N) == (16384, 4096, 4096)))

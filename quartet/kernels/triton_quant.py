@@ -535,24 +535,37 @@ GPU_BLOCK = (32, 128, 4)  # best overall on H200 (the FP8-fold recipes slow down
 #: per setting). The tile's registers allow one 8-warp program per SM, so more warps is the only way to more
 #: occupancy. ``QUARTET_QBLOCK128_WARPS`` overrides it (the sweep).
 BLOCK128_WARPS = int(os.environ.get("QUARTET_QBLOCK128_WARPS", "16"))
-#: caps on the registers per thread of the quantizer launches on the GPU (ptxas ``.maxnreg``), or None (ptxas
-#: chooses): ``MAXNREG`` for the 1×128 tiles (4 warps), ``MAXNREG_BLOCK128`` for the 128×128 tiles (16 warps).
-#: Registers set these kernels' occupancy (65536 per SM): the 1×128 recipes compile to 96–127 registers, 4–5
-#: programs per SM (25–31%), and a cap of 96 / 80 / 64 allows 5 / 6 / 8; the 128×128 recipes (93–127) hold one
-#: program per SM until a cap of 64 allows two. The price is a few more instructions and, below ~96, spills
-#: (``benchmarks/sass_report.py --maxnreg 96,80,64``). Whether that buys speed is for the GPU to say
-#: (``benchmarks/layer_variants.py --sections caps``); until it has, nothing is capped.
-#: ``QUARTET_MAXNREG=a[,b]`` sets them for a process (b defaults to a); ``mx_quantize(maxnreg=...)`` per call.
-def _caps_from_env() -> tuple[int | None, int | None]:
-    """(MAXNREG, MAXNREG_BLOCK128) from ``QUARTET_MAXNREG``."""
-    text = os.environ.get("QUARTET_MAXNREG", "").strip()
+#: Caps on the registers per thread of the block-scaled FP8 launches (ptxas ``.maxnreg``; the fused layer's recipes),
+#: by launch kind: ``"1x128"`` / ``"128x128"`` the tile of ``fp8_block=1`` / ``128``, `` T`` a transposed read
+#: (``axis=0``); None lets ptxas choose. Registers set these kernels' occupancy (65536 per SM): uncapped, the 1×128
+#: recipes compile to 96–127 registers, 4–5 programs of 4 warps per SM, and the 128×128 ones to 93–127, one 16-warp
+#: program per SM; a cap trades occupancy for instructions and, below ~96, spills (``benchmarks/sass_report.py
+#: --maxnreg``). Chosen per kind from round 7's graphed, interleaved timing of every quantizer call of the layer under
+#: caps none/96/80/64 (H100, 16384×4096×4096, ``benchmarks/results/bench_round7/caps``): 96 made the direct 1×128
+#: reads 2.5–2.9% faster (X fwd 138.3 → 134.8 µs, E RTN 103.2 → 100.4, E SR 146.8 → 142.5) and the transposed one 4%
+#: slower; 64 made the transposed 128×128 read of X̂ᵀ 15% faster (204.6 → 173.4 µs; Ŵᵀ within ±1%) and W's direct
+#: read 25% slower. ``QUARTET_MAXNREG`` overrides the table for a process: ``none`` (nothing capped) or ``a[,b]``
+#: (``a`` for both 1×128 kinds, ``b`` for both 128×128 kinds, default ``a``; either may be ``none``);
+#: ``mx_quantize(maxnreg=...)`` overrides it per call.
+MAXNREG_MEASURED: dict[str, int | None] = {"1x128": 96, "1x128 T": None, "128x128": None, "128x128 T": 64}
+
+
+def _caps_from_env() -> dict[str, int | None]:
+    """The register-cap table: :data:`MAXNREG_MEASURED`, or what ``QUARTET_MAXNREG`` says instead."""
+    text = os.environ.get("QUARTET_MAXNREG", "").strip().lower()
     if not text:
-        return None, None
-    a, _, b = text.partition(",")
-    return int(a), int(b or a)
+        return dict(MAXNREG_MEASURED)
+    try:
+        a, _, b = (part.strip() for part in text.partition(","))
+        a_cap = None if a == "none" else int(a)
+        b_cap = a_cap if not b else None if b == "none" else int(b)
+    except ValueError:
+        raise ValueError(f"QUARTET_MAXNREG must be 'none' or 'a[,b]' (register caps or 'none'), got {text!r}") from None
+    return {"1x128": a_cap, "1x128 T": a_cap, "128x128": b_cap, "128x128 T": b_cap}
 
 
-MAXNREG, MAXNREG_BLOCK128 = _caps_from_env()
+#: the register caps in force (a module global the benchmarks swap; see :data:`MAXNREG_MEASURED`)
+MAXNREG = _caps_from_env()
 
 
 def _blocks(R: int, K: int, device: torch.device) -> tuple[int, int, int]:
@@ -627,9 +640,9 @@ def mx_quantize(
     ``mask_bits`` (with ``mask``) writes the QuEST mask packed, one int32 word per 32-group (``mask_bits``
     ``(R, K/32)``: bit ``c`` of word ``j`` is element ``32·j + c``; :func:`unpack_mask_bits`) instead of one bool per
     element — what the fused layer saves for its backward, an eighth of the bytes.
-    ``maxnreg`` caps the registers per thread of the GPU launches (default :data:`MAXNREG`, or
-    :data:`MAXNREG_BLOCK128` with ``fp8_block=128``; ignored by the CPU interpreter). It changes the speed, never
-    the result.
+    ``maxnreg`` caps the registers per thread of the GPU launches, ``0`` lifts every cap (default: the block-scaled
+    FP8 launches take :data:`MAXNREG`'s cap for their tile and read, the others none; ignored by the CPU interpreter).
+    It changes the speed, never the result.
     """
     if not HAS_TRITON:
         raise RuntimeError("triton is not installed; the fused quantizers need it")
@@ -641,13 +654,14 @@ def mx_quantize(
         raise ValueError("cast_bf16 reads a float32 operand (without in_scale)")
     if mask_bits and not mask:
         raise ValueError("mask_bits packs the QuEST mask: ask for mask=True too")
-    if maxnreg is None:
-        maxnreg = MAXNREG_BLOCK128 if fp8_block == 128 else MAXNREG
-    if maxnreg is not None and not (isinstance(maxnreg, int) and 24 <= maxnreg <= 255):
-        raise ValueError(f"maxnreg must be an int in [24, 255] (registers per thread), got {maxnreg!r}")
     R, K, s_r, s_k = _logical(x, axis)
     if K % 32:
         raise ValueError(f"the group axis must be a multiple of 32, got {K}")
+    col_order = s_r == 1 and s_k != 1  # a transposed read: neighbouring groups are neighbours in memory
+    if maxnreg is None and fp8_block in (1, 128):
+        maxnreg = MAXNREG[f"{fp8_block}x128" + (" T" if col_order else "")]
+    if maxnreg is not None and not (isinstance(maxnreg, int) and (maxnreg == 0 or 24 <= maxnreg <= 255)):
+        raise ValueError(f"maxnreg must be an int in [24, 255] (registers per thread) or 0 (no cap), got {maxnreg!r}")
     dev = x.device
     br, bk, warps = block or _blocks(R, K, dev)
     while K % bk:
@@ -698,8 +712,8 @@ def mx_quantize(
         DOT_BF16=(0 if dev.type != "cuda" else 1 if (x.dtype == torch.bfloat16 or in_scale is not None or cast_bf16)
                   else 2),
         CAST_BF16=bool(cast_bf16),
-        IN_SCALE=in_mode, COL_ORDER=(s_r == 1 and s_k != 1), BLOCK_R=br, BLOCK_K=bk, num_warps=warps,
-        IN_T=axis == 0, IN_BR=in_scale_rows or 1, MASK_BITS=bool(mask_bits), maxnreg=maxnreg,
+        IN_SCALE=in_mode, COL_ORDER=col_order, BLOCK_R=br, BLOCK_K=bk, num_warps=warps,
+        IN_T=axis == 0, IN_BR=in_scale_rows or 1, MASK_BITS=bool(mask_bits), maxnreg=maxnreg or None,
     )
     mask_t = out.mask_bits if mask_bits else out.mask.view(torch.int8) if mask else dummy
     deq_t = out.deq if deq else dummy

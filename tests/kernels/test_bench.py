@@ -252,20 +252,22 @@ def test_layer_variants_smoke_run_restores_the_layer_flags(tmp_path):
     spec.loader.exec_module(lv)
     from quartet.kernels import triton_quant as tq
 
-    flags = lambda: (L.RIGHT_BLOCK, L.MASK_BITS, tq.MAXNREG, tq.MAXNREG_BLOCK128)  # noqa: E731
+    flags = lambda: (L.RIGHT_BLOCK, L.MASK_BITS, dict(tq.MAXNREG))  # noqa: E731
     before = flags()
     out = tmp_path / "lv.json"
     assert lv.main(["--device", "cpu", "--smoke", "--out", str(out), "--sections", "caps,layer",
-                    "--variants", "r128_bool,r1_bits,cap96_64"]) == 0
+                    "--variants", "r128_bool,r1_bits,cap96_64,tuned", "--caps", "96,64"]) == 0
     assert flags() == before
     r = json.loads(out.read_text())
     (row,) = r["shapes"]
-    assert set(row["figures"]) == {"bf16", "r128_bool", "r1_bits", "cap96_64"}
-    assert set(row["ratio_to_bf16"]) == {"r128_bool", "r1_bits", "cap96_64"}
-    assert r["variants"]["cap96_64"]["maxnreg"] == [96, 64]
+    assert set(row["figures"]) == {"bf16", "r128_bool", "r1_bits", "cap96_64", "tuned"}
+    assert set(row["ratio_to_bf16"]) == {"r128_bool", "r1_bits", "cap96_64", "tuned"}
+    assert r["variants"]["cap96_64"]["maxnreg"] == {"1x128": 96, "1x128 T": 96, "128x128": 64, "128x128 T": 64}
+    assert r["variants"]["tuned"]["maxnreg"] == tq.MAXNREG_MEASURED
     # the caps section: every quantizer call of the layer under every cap, and its table lines
     calls = ("x_fwd", "w_fwd", "e_rtn", "e_sr", "et_rtn", "wt_bwd", "xt_bwd")
-    assert set(r["caps"]["figures"]) == {f"{c}@{cap or 'free'}" for c in calls for cap in lv.CAPS}
+    (caps_row,) = r["caps"]
+    assert set(caps_row["figures"]) == {f"{c}@{cap}" for c in calls for cap in ("free", 96, 64)}
     assert any(line.strip().startswith("xt_bwd") for line in r["table"])
     with pytest.raises(SystemExit):
         lv.main(["--device", "cpu", "--smoke", "--variants", "nope"])
@@ -278,7 +280,7 @@ def test_layer_variants_smoke_run_restores_the_layer_flags(tmp_path):
     def spy(*a, **k):
         y, saved = orig(*a, **k)
         seen.append(saved[2].dtype)
-        caps.append((tq.MAXNREG, tq.MAXNREG_BLOCK128))
+        caps.append(dict(tq.MAXNREG))
         return y, saved
 
     L._forward_gemm = spy
@@ -291,4 +293,5 @@ def test_layer_variants_smoke_run_restores_the_layer_flags(tmp_path):
     finally:
         L._forward_gemm = orig
     assert seen == [torch.int32, torch.bool, torch.int32]
-    assert caps == [(None, None), (None, None), (80, 64)] and flags() == before
+    free = dict.fromkeys(tq.MAXNREG_MEASURED)
+    assert caps == [free, free, {"1x128": 80, "1x128 T": 80, "128x128": 64, "128x128 T": 64}] and flags() == before

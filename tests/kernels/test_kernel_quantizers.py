@@ -431,7 +431,8 @@ def test_cast_bf16_reads_float32_as_its_bf16_rounding():
 @pytest.mark.skipif(DEV != "cuda", reason="the register cap is a ptxas option: the CPU interpreter has no registers")
 def test_a_register_cap_changes_no_output():
     """``maxnreg`` (ptxas ``.maxnreg``: fewer registers, spills, more programs per SM) is a speed knob only: each of
-    the fused layer's recipes gives bitwise the uncapped outputs at caps down to 64 registers (heavy spilling)."""
+    the fused layer's recipes gives bitwise the uncapped outputs at caps down to 64 registers (heavy spilling) and
+    under the default table."""
     g = torch.Generator().manual_seed(41)
     x = (torch.randn(512, 1024, generator=g) * torch.exp(3 * torch.randn(512, 1, generator=g))).to(DEV)
     xb = x.to(torch.bfloat16)
@@ -446,8 +447,8 @@ def test_a_register_cap_changes_no_output():
                                       fp8_block=128, deq=False)),
     }
     for name, (t, kw) in recipes.items():
-        ref = tq.mx_quantize(t, **kw)
-        for cap in (96, 64):
+        ref = tq.mx_quantize(t, maxnreg=0, **kw)  # uncapped
+        for cap in (96, 64, None):  # None: the launch kind's default (MAXNREG)
             got = tq.mx_quantize(t, maxnreg=cap, **kw)
             for attr in ("deq", "mask_bits", "fp8", "block_scale", "flushed"):
                 u, v = getattr(ref, attr), getattr(got, attr)
@@ -462,3 +463,54 @@ def test_a_bad_register_cap_is_refused():
     for bad in (8, 300, 96.0, "96"):
         with pytest.raises(ValueError, match="maxnreg"):
             tq.mx_quantize(x, maxnreg=bad)
+
+
+class _LaunchSpy:
+    """Stands in for ``_mx_quant_kernel``: records each launch's ``maxnreg``, then runs the real kernel."""
+
+    def __init__(self, kernel):
+        self.kernel, self.caps = kernel, []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kw):
+            self.caps.append(kw.get("maxnreg"))
+            return self.kernel[grid](*args, **kw)
+        return launch
+
+
+def test_each_launch_kind_gets_its_register_cap(monkeypatch):
+    """The block-scaled FP8 launches take the cap of their tile and read from ``MAXNREG`` (round 7's measured table by
+    default); other launches are uncapped; ``maxnreg=`` overrides the table per call and ``0`` lifts the cap."""
+    assert tq.MAXNREG == tq.MAXNREG_MEASURED  # nothing in the test environment overrides it
+    table = {"1x128": 91, "1x128 T": None, "128x128": 77, "128x128 T": 64}
+    monkeypatch.setattr(tq, "MAXNREG", table)
+    spy = _LaunchSpy(tq._mx_quant_kernel)
+    monkeypatch.setattr(tq, "_mx_quant_kernel", spy)
+    x = torch.randn(256, 128).to(DEV).to(torch.bfloat16)
+    blk = dict(rule="absmax", fp8="e4m3", deq=False)
+    for kw, cap in [(dict(fp8_block=1), 91), (dict(fp8_block=1, axis=0), None), (dict(fp8_block=128), 77),
+                    (dict(fp8_block=128, axis=0), 64), (dict(fp8_block=1, maxnreg=0), None),
+                    (dict(fp8_block=1, axis=0, maxnreg=80), 80)]:
+        spy.caps.clear()
+        tq.mx_quantize(x, **blk, **kw)
+        assert spy.caps == [cap], kw
+    spy.caps.clear()
+    tq.mx_quantize(x, rule="quest")  # the dequantized output: a launch no cap was measured for
+    tq.mx_quantize(x, rule="quest", fp8="e4m3", deq=False)  # row-scaled FP8: two launches (row exponents, fold)
+    assert spy.caps == [None, None, None]
+
+
+def test_the_register_cap_table_from_the_environment(monkeypatch):
+    """``QUARTET_MAXNREG``: unset -> the measured table; ``none`` -> no caps; ``a[,b]`` -> a for the 1×128 reads, b
+    (default a) for the 128×128 ones, each cap an int or ``none``; anything else a one-line error naming the variable."""
+    cases = {"": tq.MAXNREG_MEASURED, "none": dict.fromkeys(tq.MAXNREG_MEASURED),
+             "96": {"1x128": 96, "1x128 T": 96, "128x128": 96, "128x128 T": 96},
+             "96,64": {"1x128": 96, "1x128 T": 96, "128x128": 64, "128x128 T": 64},
+             " 80, None ": {"1x128": 80, "1x128 T": 80, "128x128": None, "128x128 T": None}}
+    for text, want in cases.items():
+        monkeypatch.setenv("QUARTET_MAXNREG", text)
+        assert tq._caps_from_env() == want, text
+    for bad in ("lots", "96,x", "96;64"):
+        monkeypatch.setenv("QUARTET_MAXNREG", bad)
+        with pytest.raises(ValueError, match="QUARTET_MAXNREG"):
+            tq._caps_from_env()
