@@ -9,6 +9,8 @@
 #   operands' quantizer calls and GEMMs under both blocks -> layer_variants.json / .log; an nvidia-smi trace.
 # train (~5 min): the 800M and 20M steps as `quartet train` runs them (benchmarks/ladder_speed.py: the real Trainer,
 #   bf16 vs quartet vs quartet_sr, compiled; data=pycode built first) with the layer's defaults -> train_speed_*.json
+#   (TRAIN_MODELS / TRAIN_CONFIGS, LADDER_MODELS / LADDER_CONFIGS change the sizes and configurations: the ladder
+#   sweep runs its models as CUDA graphs, LADDER_CONFIGS=bf16:graphs,quartet:graphs)
 # train+quant: the same, then layer_variants.py's quantizer sections (Eᵀ tiles, right operands; each call graphed)
 # caps (round 7, ~6 min): the GPU tests, then layer_variants.py's register caps: each quantizer call of the layer under
 #   maxnreg none/96/64 (CAPS) at the three shapes (SHAPES="T,K,N;..." for others), and the layer with the measured
@@ -68,7 +70,7 @@ if [ "$mode" = train ] || [ "$mode" = train+quant ]; then
   grep -v '^{' "$OUT/train_speed_800m.log" | tail -8
   if [ -n "${LADDER_MODELS-llama_20m}" ]; then
     timeout -s INT -k 20 "${LADDER_HARD_S:-200}" "$PY" benchmarks/ladder_speed.py --models "${LADDER_MODELS-llama_20m}" \
-      --configs "bf16:compile,quartet:compile" --out "$OUT/train_speed_ladder.json" > "$OUT/train_speed_ladder.log" 2>&1
+      --configs "${LADDER_CONFIGS:-bf16:compile,quartet:compile}" --out "$OUT/train_speed_ladder.json" > "$OUT/train_speed_ladder.log" 2>&1
     grep -v '^{' "$OUT/train_speed_ladder.log" | tail -6
   fi
   if [ "$mode" = train+quant ]; then
