@@ -20,6 +20,7 @@ clocks. A figure is the median with p10/p90; ratios are of medians taken under t
     python3 benchmarks/layer_variants.py --out layer_variants.json          # one H100: ~3 min
     python3 benchmarks/layer_variants.py --sections caps,layer --variants r128_bits,cap96,cap96_64,cap80_64
     python3 benchmarks/layer_variants.py --sections caps,layer --caps 0,96,64 --variants r128_bits,tuned,r128_bits_sr,tuned_sr
+    python3 benchmarks/layer_variants.py --sections warps       # the 128x128 launches: warps vs programs per SM
     python3 benchmarks/layer_variants.py --device cpu --smoke               # CPU interpreter: the code path only
 
 Prints a table last; ``--out`` gets the JSON (figures, per-variant kernel profile at 16384×4096×4096, provenance).
@@ -222,6 +223,40 @@ def bench_caps(T: int, K: int, N: int, dev: str, timing: dict, caps=CAPS) -> dic
     return _time_calls("register caps", [T, K, N], fns, dev, timing)
 
 
+#: (warps, register cap) of the ``warps`` section's 128×128-tile launches (16 warps uncapped: the default tile)
+BLOCK128_LAUNCHES = ((16, 0), (16, 64), (32, 0), (8, 0))
+
+
+def bench_block128_warps(T: int, K: int, N: int, dev: str, timing: dict) -> dict:
+    """The layer's three 128×128-tile calls (W forward, Ŵᵀ and X̂ᵀ backward) under each (warps, cap) of
+    :data:`BLOCK128_LAUNCHES`, interleaved: more warps in one program vs more programs per SM. Each launch's outputs
+    are checked bitwise against the default's first (``bitwise`` in the JSON: a launch setting must not change them)."""
+    calls = _layer_calls(*_operands(T, K, N, dev, 3), 128, signs=0x5A5A5A5A, seed=5)
+
+    def launch(fn, warps, cap):
+        def run():
+            old = tq.BLOCK128_WARPS
+            tq.BLOCK128_WARPS = warps
+            try:
+                return fn(maxnreg=cap)
+            finally:
+                tq.BLOCK128_WARPS = old
+        return run
+
+    names = ("w_fwd", "wt_bwd", "xt_bwd")
+    bitwise = {}
+    for name in names:
+        ref = launch(calls[name], *BLOCK128_LAUNCHES[0])()
+        for warps, cap in BLOCK128_LAUNCHES[1:]:
+            got = launch(calls[name], warps, cap)()
+            bitwise[f"{name}@w{warps}c{cap}"] = all(
+                torch.equal(*(t.view(torch.uint8) if t.dtype.itemsize == 1 else t for t in (u, v)))
+                for u, v in ((getattr(ref, a), getattr(got, a)) for a in ("fp8", "block_scale", "mask_bits", "flushed"))
+                if u is not None)
+    fns = {f"{n}@w{w}c{c}": launch(calls[n], w, c) for n in names for w, c in BLOCK128_LAUNCHES}
+    return {**_time_calls("128x128 launches", [T, K, N], fns, dev, timing), "bitwise": bitwise}
+
+
 def table(result: dict) -> str:
     lines = []
     for row in result.get("shapes", []):
@@ -237,6 +272,11 @@ def table(result: dict) -> str:
         T, K, N = row["shape"]
         lines.append(f"right operands {T}x{K}x{N}: " + ", ".join(
             f"{k} {v['median_ms'] * 1e3:.1f} us ±{v['spread']:.0%}" for k, v in row["figures"].items()))
+    if result.get("warps"):
+        row = result["warps"]
+        lines.append(f"128x128 launches {'x'.join(map(str, row['shape']))} (us; bitwise equal to w16c0: "
+                     f"{all(row['bitwise'].values())}):")
+        lines += [f"    {k:14s} {v['median_ms'] * 1e3:6.1f} ±{v['spread']:.0%}" for k, v in row["figures"].items()]
     for row in result.get("caps", []):
         f = row["figures"]
         lines.append(f"register caps {'x'.join(map(str, row['shape']))} (us; ratio to uncapped):")
@@ -257,7 +297,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-profile", action="store_true")
     ap.add_argument("--sections", default="layer,tiles,right",
                     help="comma list of: layer (the variants vs BF16), tiles (Eᵀ tiles), right (right operands), "
-                         "caps (each quantizer call under each register cap)")
+                         "caps (each quantizer call under each register cap), warps (the 128x128 launches under "
+                         "more warps or more programs per SM)")
     ap.add_argument("--caps", default=",".join(map(str, CAPS)),
                     help="comma list of the caps section's register caps (0: uncapped, always included)")
     ap.add_argument("--variants", default=None, help=f"comma list of the layer's variants (default: all of "
@@ -293,6 +334,10 @@ def main(argv=None) -> int:
             bench.empty()
             if args.out:
                 args.out.write_text(json.dumps(result, indent=1))
+    if "warps" in sections:
+        T, K, N = (128, 128, 128) if args.smoke else (16384, 4096, 4096) if (16384, 4096, 4096) in shapes else shapes[0]
+        result["warps"] = bench_block128_warps(T, K, N, dev, timing)
+        bench.empty()
     for T, K, N in shapes if "layer" in sections else []:
         result["shapes"].append(bench_shape(T, K, N, dev, bench.engine, variants, timing,
                                             profile=not args.no_profile and (T, K, N) == (16384, 4096, 4096)))
