@@ -43,7 +43,7 @@ fi
 
 if command -v ncu >/dev/null; then
   stamp "ncu"
-  timeout 120 ncu --clock-control none -k regex:_mx_quant_kernel -s 4 -c 4 --section SpeedOfLight --section Occupancy \
+  timeout 120 ncu --clock-control none -k regex:_mx_quant_kernel -s 5 -c 4 --section SpeedOfLight --section Occupancy \
     --section MemoryWorkloadAnalysis --section WarpStateStats --section InstructionStats \
     "$PY" benchmarks/quant_profile.py > "$OUT/ncu.txt" 2>&1
   grep -E "^  _mx|Duration|DRAM Throughput|L2 Cache Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Issued Ipc|Executed Ipc A" "$OUT/ncu.txt" | head -60
