@@ -14,7 +14,8 @@
 # train+quant: the same, then layer_variants.py's quantizer sections (Eᵀ tiles, right operands; each call graphed)
 # caps (round 7, ~6 min): the GPU tests, then layer_variants.py's register caps: each quantizer call of the layer under
 #   maxnreg none/96/64 (CAPS) at the three shapes (SHAPES="T,K,N;..." for others), and the layer with the measured
-#   per-kind caps (the default since round 7) against the uncapped layer and BF16, RTN and SR (VARIANTS)
+#   per-kind caps (the default since round 7) against the uncapped layer and BF16, RTN and SR (VARIANTS); SECTIONS=inscale,layer
+#   times the FP8 inputs' scales per element vs per row instead of the caps
 #   -> gpu_tests.txt, caps.json / .log
 set -uo pipefail
 mode=${1:-variants}
@@ -42,7 +43,7 @@ if [ "$mode" = variants ] || [ "$mode" = caps ]; then
   tail -4 "$OUT/gpu_tests.txt"
   if [ "$mode" = caps ]; then
     stamp "register caps"
-    timeout -s INT -k 20 "${VARIANTS_HARD_S:-420}" "$PY" benchmarks/layer_variants.py --sections caps,layer \
+    timeout -s INT -k 20 "${VARIANTS_HARD_S:-420}" "$PY" benchmarks/layer_variants.py --sections "${SECTIONS:-caps,layer}" \
       --caps "${CAPS:-0,96,64}" ${SHAPES:+--shapes "$SHAPES"} \
       --variants "${VARIANTS:-r128_bits,tuned,r128_bits_sr,tuned_sr}" --out "$OUT/caps.json" > "$OUT/caps.log" 2>&1
     echo "exit $?"

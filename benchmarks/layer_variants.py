@@ -21,6 +21,7 @@ clocks. A figure is the median with p10/p90; ratios are of medians taken under t
     python3 benchmarks/layer_variants.py --sections caps,layer --variants r128_bits,cap96,cap96_64,cap80_64
     python3 benchmarks/layer_variants.py --sections caps,layer --caps 0,96,64 --variants r128_bits,tuned,r128_bits_sr,tuned_sr
     python3 benchmarks/layer_variants.py --sections warps       # the 128x128 launches: warps vs programs per SM
+    python3 benchmarks/layer_variants.py --sections inscale     # X̂ᵀ / Ŵᵀ: input scales per element vs per row
     python3 benchmarks/layer_variants.py --device cpu --smoke               # CPU interpreter: the code path only
 
 Prints a table last; ``--out`` gets the JSON (figures, per-variant kernel profile at 16384×4096×4096, provenance).
@@ -223,6 +224,33 @@ def bench_caps(T: int, K: int, N: int, dev: str, timing: dict, caps=CAPS) -> dic
     return _time_calls("register caps", [T, K, N], fns, dev, timing)
 
 
+def _with_quant_flags(fn, **flags):
+    """``fn`` as a callable that runs with ``triton_quant``'s module flags set to ``flags`` and restores them after."""
+    def run():
+        old = {k: getattr(tq, k) for k in flags}
+        for k, v in flags.items():
+            setattr(tq, k, v)
+        try:
+            return fn()
+        finally:
+            for k, v in old.items():
+                setattr(tq, k, v)
+    return run
+
+
+def bench_in_scale(T: int, K: int, N: int, dev: str, timing: dict) -> dict:
+    """The backward's transposed reads of the saved FP8 operands (X̂ᵀ, Ŵᵀ; X̂ᵀ also into 1×128 blocks), their input
+    scales loaded once per element or once per stored row of the tile (``triton_quant.IN_SCALE_PER_ROW``), under
+    the default register caps, interleaved."""
+    x, e, w = _operands(T, K, N, dev, 3)
+    calls = {**{k: v for k, v in _layer_calls(x, e, w, 128, signs=0x5A5A5A5A, seed=5).items()
+                if k in ("wt_bwd", "xt_bwd")},
+             "xt_bwd_r1": _layer_calls(x, e, w, 1, signs=0x5A5A5A5A, seed=5)["xt_bwd"]}
+    fns = {f"{n}@{'row' if per_row else 'element'}": _with_quant_flags(fn, IN_SCALE_PER_ROW=per_row)
+           for n, fn in calls.items() for per_row in (False, True)}
+    return _time_calls("input scales", [T, K, N], fns, dev, timing)
+
+
 #: (warps, register cap) of the ``warps`` section's 128×128-tile launches (16 warps uncapped: the default tile)
 BLOCK128_LAUNCHES = ((16, 0), (16, 64), (32, 0), (8, 0))
 
@@ -234,14 +262,7 @@ def bench_block128_warps(T: int, K: int, N: int, dev: str, timing: dict) -> dict
     calls = _layer_calls(*_operands(T, K, N, dev, 3), 128, signs=0x5A5A5A5A, seed=5)
 
     def launch(fn, warps, cap):
-        def run():
-            old = tq.BLOCK128_WARPS
-            tq.BLOCK128_WARPS = warps
-            try:
-                return fn(maxnreg=cap)
-            finally:
-                tq.BLOCK128_WARPS = old
-        return run
+        return _with_quant_flags(lambda: fn(maxnreg=cap), BLOCK128_WARPS=warps)
 
     names = ("w_fwd", "wt_bwd", "xt_bwd")
     bitwise = {}
@@ -272,6 +293,10 @@ def table(result: dict) -> str:
         T, K, N = row["shape"]
         lines.append(f"right operands {T}x{K}x{N}: " + ", ".join(
             f"{k} {v['median_ms'] * 1e3:.1f} us ±{v['spread']:.0%}" for k, v in row["figures"].items()))
+    if result.get("in_scale"):
+        row = result["in_scale"]
+        lines.append(f"input scales {'x'.join(map(str, row['shape']))} (us):")
+        lines += [f"    {k:18s} {v['median_ms'] * 1e3:6.1f} ±{v['spread']:.0%}" for k, v in row["figures"].items()]
     if result.get("warps"):
         row = result["warps"]
         lines.append(f"128x128 launches {'x'.join(map(str, row['shape']))} (us; bitwise equal to w16c0: "
@@ -298,7 +323,7 @@ def main(argv=None) -> int:
     ap.add_argument("--sections", default="layer,tiles,right",
                     help="comma list of: layer (the variants vs BF16), tiles (Eᵀ tiles), right (right operands), "
                          "caps (each quantizer call under each register cap), warps (the 128x128 launches under "
-                         "more warps or more programs per SM)")
+                         "more warps or more programs per SM), inscale (the FP8 inputs' scales per element or per row)")
     ap.add_argument("--caps", default=",".join(map(str, CAPS)),
                     help="comma list of the caps section's register caps (0: uncapped, always included)")
     ap.add_argument("--variants", default=None, help=f"comma list of the layer's variants (default: all of "
@@ -334,6 +359,10 @@ def main(argv=None) -> int:
             bench.empty()
             if args.out:
                 args.out.write_text(json.dumps(result, indent=1))
+    if "inscale" in sections:
+        T, K, N = (128, 128, 128) if args.smoke else (16384, 4096, 4096) if (16384, 4096, 4096) in shapes else shapes[0]
+        result["in_scale"] = bench_in_scale(T, K, N, dev, timing)
+        bench.empty()
     if "warps" in sections:
         T, K, N = (128, 128, 128) if args.smoke else (16384, 4096, 4096) if (16384, 4096, 4096) in shapes else shapes[0]
         result["warps"] = bench_block128_warps(T, K, N, dev, timing)

@@ -41,7 +41,7 @@ POINTERS = dict(x_ptr="bf16", in_scale_ptr="fp32", signs_ptr="fp32", h_ptr="fp32
 INTS = dict(R=R, K=K, stride_r=K, stride_k=1, in_s0=0, in_s1=0, bscale_ld=0, seed=12345, signs_bits=7)
 BASE = dict(RULE=0, STOCHASTIC=False, HADAMARD=True, HAS_SIGNS=0, MODE=5, WRITE_MASK=True, WRITE_DEQ=False,
             DOT_BF16=1, IN_SCALE=0, COL_ORDER=False, FP8_SHIFT=6, SEED_PTR=False, BLOCK_R=32, BLOCK_K=128, IN_T=False,
-            IN_BR=1, SCALE_BR=1, FACTOR=1.0, CAST_BF16=False, FP8_MIN_D=-8, MASK_BITS=True)
+            IN_BR=1, SCALE_BR=1, FACTOR=1.0, CAST_BF16=False, FP8_MIN_D=-8, MASK_BITS=True, IN_SCALE_VEC=False)
 #: transposed read of a (T, N) tensor: logical rows are stored columns (stride 1)
 _T = dict(R=K, K=R, stride_r=1, stride_k=K)
 #: name -> (pointer overrides, int overrides, constexpr overrides, warps): the six calls of one layer step + SR
@@ -54,9 +54,25 @@ RECIPES = {
     "Et absmax RTN 1x128 (transposed)": ({}, _T, dict(RULE=1, WRITE_MASK=False, HAS_SIGNS=2, COL_ORDER=True), 4),
     "Xt absmax RTN 128x128 (fp8 in, transposed)": (
         {"x_ptr": "fp8e4nv"}, {**_T, "in_s0": 1, "in_s1": R},
+        dict(RULE=1, WRITE_MASK=False, HAS_SIGNS=2, COL_ORDER=True, IN_SCALE=3, IN_T=True, SCALE_BR=128, BLOCK_R=128,
+             IN_SCALE_VEC=True), 16),
+    # before round 7: the FP8 input's scale loaded per element (triton_quant.IN_SCALE_PER_ROW = False)
+    "Xt absmax RTN 128x128 (fp8 in, transposed, scale per element)": (
+        {"x_ptr": "fp8e4nv"}, {**_T, "in_s0": 1, "in_s1": R},
         dict(RULE=1, WRITE_MASK=False, HAS_SIGNS=2, COL_ORDER=True, IN_SCALE=3, IN_T=True, SCALE_BR=128, BLOCK_R=128),
         16),
+    # the 1x128 tile on the same work (linear.RIGHT_BLOCK = 1)
+    "Xt absmax RTN 1x128 (fp8 in, transposed)": (
+        {"x_ptr": "fp8e4nv"}, {**_T, "in_s0": 1, "in_s1": R},
+        dict(RULE=1, WRITE_MASK=False, HAS_SIGNS=2, COL_ORDER=True, IN_SCALE=3, IN_T=True, IN_SCALE_VEC=True), 4),
+    "Xt absmax RTN 1x128 (fp8 in, transposed, scale per element)": (
+        {"x_ptr": "fp8e4nv"}, {**_T, "in_s0": 1, "in_s1": R},
+        dict(RULE=1, WRITE_MASK=False, HAS_SIGNS=2, COL_ORDER=True, IN_SCALE=3, IN_T=True), 4),
     "Wt absmax RTN 128x128 (fp8 in, transposed)": (
+        {"x_ptr": "fp8e4nv"}, {**_T, "R": K, "K": K, "stride_k": K, "in_s0": 32, "in_s1": 1},
+        dict(RULE=1, WRITE_MASK=False, HAS_SIGNS=2, COL_ORDER=True, IN_SCALE=3, IN_T=True, IN_BR=128, SCALE_BR=128,
+             BLOCK_R=128, IN_SCALE_VEC=True), 16),
+    "Wt absmax RTN 128x128 (fp8 in, transposed, scale per element)": (
         {"x_ptr": "fp8e4nv"}, {**_T, "R": K, "K": K, "stride_k": K, "in_s0": 32, "in_s1": 1},
         dict(RULE=1, WRITE_MASK=False, HAS_SIGNS=2, COL_ORDER=True, IN_SCALE=3, IN_T=True, IN_BR=128, SCALE_BR=128,
              BLOCK_R=128), 16),

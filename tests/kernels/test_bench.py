@@ -255,7 +255,7 @@ def test_layer_variants_smoke_run_restores_the_layer_flags(tmp_path):
     flags = lambda: (L.RIGHT_BLOCK, L.MASK_BITS, dict(tq.MAXNREG))  # noqa: E731
     before = flags()
     out = tmp_path / "lv.json"
-    assert lv.main(["--device", "cpu", "--smoke", "--out", str(out), "--sections", "caps,layer,warps",
+    assert lv.main(["--device", "cpu", "--smoke", "--out", str(out), "--sections", "caps,layer,warps,inscale",
                     "--variants", "r128_bool,r1_bits,cap96_64,tuned", "--caps", "96,64"]) == 0
     assert flags() == before
     r = json.loads(out.read_text())
@@ -273,6 +273,8 @@ def test_layer_variants_smoke_run_restores_the_layer_flags(tmp_path):
     assert set(r["warps"]["figures"]) == {f"{c}@w{w}c{cap}" for c in ("w_fwd", "wt_bwd", "xt_bwd")
                                           for w, cap in lv.BLOCK128_LAUNCHES}
     assert len(r["warps"]["bitwise"]) == 3 * (len(lv.BLOCK128_LAUNCHES) - 1) and all(r["warps"]["bitwise"].values())
+    assert set(r["in_scale"]["figures"]) == {f"{c}@{how}" for c in ("wt_bwd", "xt_bwd", "xt_bwd_r1")
+                                             for how in ("element", "row")}
     with pytest.raises(SystemExit):
         lv.main(["--device", "cpu", "--smoke", "--variants", "nope"])
     assert all(f["n"] >= 2 and f["median_ms"] > 0 for f in row["figures"].values())

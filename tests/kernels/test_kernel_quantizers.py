@@ -514,3 +514,30 @@ def test_the_register_cap_table_from_the_environment(monkeypatch):
         monkeypatch.setenv("QUARTET_MAXNREG", bad)
         with pytest.raises(ValueError, match="QUARTET_MAXNREG"):
             tq._caps_from_env()
+
+
+@pytest.mark.parametrize("blk", [1, 128])
+def test_transposed_fp8_input_scales_per_row_change_nothing(blk, monkeypatch):
+    """A block-scaled FP8 input read transposed (the backward's X̂ᵀ and Ŵᵀ) loads its scales once per stored row of the
+    tile (``IN_SCALE_PER_ROW``) instead of once per element: bitwise the same outputs, in every output mode the layer
+    and the tests use, including a tile taller than 128 rows (which keeps the per-element load)."""
+    g = torch.Generator().manual_seed(70 + blk)
+    R, K = (256, 256) if DEV == "cpu" else (1024, 2048)
+    x = (torch.randn(R, K, generator=g) * torch.exp(2 * torch.randn(R, 1, generator=g))).to(torch.bfloat16).to(DEV)
+    q = tq.mx_quantize(x, rule="quest", mask=True, deq=False, fp8="e4m3", fp8_block=blk)
+    base = dict(axis=0, rule="absmax", signs=0x5A5A5A5A, in_scale=q.block_scale, in_scale_rows=blk)
+    cases = [dict(fp8="e4m3", fp8_block=128, deq=False), dict(fp8="e4m3", fp8_block=1, deq=False),
+             dict(stochastic=True, seed=9, out_dtype=torch.float32), dict(fp8="e4m3", row_exp="exact", deq=False)]
+    if DEV == "cpu":
+        cases.append(dict(out_dtype=torch.float32, block=(256, 64, 4)))  # 128 % 256 != 0: the per-element load
+    for kw in cases:
+        out = {}
+        for per_row in (False, True):
+            monkeypatch.setattr(tq, "IN_SCALE_PER_ROW", per_row)
+            out[per_row] = tq.mx_quantize(q.fp8, **base, **kw)
+        for attr in ("deq", "fp8", "block_scale", "row_scale", "flushed"):
+            u, v = getattr(out[False], attr), getattr(out[True], attr)
+            assert (u is None) == (v is None), (kw, attr)
+            if u is not None:
+                assert torch.equal(u.view(torch.uint8) if u.dtype.itemsize == 1 else u,
+                                   v.view(torch.uint8) if v.dtype.itemsize == 1 else v), (kw, attr)
