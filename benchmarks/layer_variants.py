@@ -50,7 +50,8 @@ def _caps(a: int | None, b: int | None) -> dict:
     return {"1x128": a, "1x128 T": a, "128x128": b, "128x128 T": b}
 
 
-#: variant name -> (RIGHT_BLOCK, MASK_BITS, stochastic backward, register-cap table ``triton_quant.MAXNREG``)
+#: variant name -> (RIGHT_BLOCK, MASK_BITS, stochastic backward, register-cap table ``triton_quant.MAXNREG``); every
+#: variant runs today's kernels (e.g. round 7's per-row input scales), so "round 5's / 6's layer" means its layout
 VARIANTS = {
     "r128_bool": (128, False, False, _caps(None, None)),   # round 5's layer
     "r128_bits": (128, True, False, _caps(None, None)),    # round 6's layer (nothing capped)
@@ -329,6 +330,10 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", default=None, help=f"comma list of the layer's variants (default: all of "
                     f"{', '.join(VARIANTS)})")
     args = ap.parse_args(argv)
+    try:
+        caps = tuple(dict.fromkeys((0, *(int(v) for v in args.caps.split(",") if v))))
+    except ValueError:
+        ap.error(f"--caps wants a comma list of register caps, got {args.caps!r}")
     chosen = tuple(args.variants.split(",")) if args.variants else tuple(VARIANTS)
     unknown = [v for v in chosen if v not in VARIANTS]
     if unknown:
@@ -350,43 +355,45 @@ def main(argv=None) -> int:
     result["gpu_before"] = B.gpu_state() if dev == "cuda" else None
     t0 = time.monotonic()
     sections = set(args.sections.split(","))
+    # the one-shape sections run at the square benchmark shape (block-scaled FP8 wants multiples of 128: the smoke
+    # run's layer shape has none)
+    square = (128, 128, 128) if args.smoke else (16384, 4096, 4096) if (16384, 4096, 4096) in shapes else shapes[0]
+
+    def save():
+        if args.out:
+            args.out.write_text(json.dumps(result, indent=1))
+
     if "caps" in sections:  # first: the per-call figures are what the layer's cap variants are chosen from
-        caps = tuple(dict.fromkeys((0, *(int(v) for v in args.caps.split(",") if v))))
         result["caps"] = []
-        # (block-scaled FP8 wants multiples of 128: the smoke run's layer shape has none)
-        for T, K, N in [(128, 128, 128)] if args.smoke else shapes:
+        for T, K, N in [square] if args.smoke else shapes:
             result["caps"].append(bench_caps(T, K, N, dev, timing, caps))
             bench.empty()
-            if args.out:
-                args.out.write_text(json.dumps(result, indent=1))
+            save()
     if "inscale" in sections:
-        T, K, N = (128, 128, 128) if args.smoke else (16384, 4096, 4096) if (16384, 4096, 4096) in shapes else shapes[0]
-        result["in_scale"] = bench_in_scale(T, K, N, dev, timing)
+        result["in_scale"] = bench_in_scale(*square, dev, timing)
         bench.empty()
+        save()
     if "warps" in sections:
-        T, K, N = (128, 128, 128) if args.smoke else (16384, 4096, 4096) if (16384, 4096, 4096) in shapes else shapes[0]
-        result["warps"] = bench_block128_warps(T, K, N, dev, timing)
+        result["warps"] = bench_block128_warps(*square, dev, timing)
         bench.empty()
+        save()
     for T, K, N in shapes if "layer" in sections else []:
         result["shapes"].append(bench_shape(T, K, N, dev, bench.engine, variants, timing,
                                             profile=not args.no_profile and (T, K, N) == (16384, 4096, 4096)))
         bench.empty()
-        if args.out:
-            args.out.write_text(json.dumps(result, indent=1))
+        save()
     if dev == "cuda" and "tiles" in sections:
         result["tiles"] = bench_tiles(16384, 4096, dev, timing)
-        if args.out:
-            args.out.write_text(json.dumps(result, indent=1))
+        save()
         # the right operands' calls under both blocks at the square shape (round 6's first call timed all three
         # shapes: the 1x128 x 1x128 GEMMs 1.48-1.52x slower at each)
-        for T, K, N in ([s for s in shapes if s == (16384, 4096, 4096)] or shapes[:1]) if "right" in sections else []:
+        for T, K, N in [square] if "right" in sections else []:
             result["right_operands"].append(bench_right_operands(T, K, N, dev, timing))
             bench.empty()
     result["gpu_after"] = B.gpu_state() if dev == "cuda" else None
     result["wall_s"] = round(time.monotonic() - t0, 1)
     result["table"] = table(result).splitlines()
-    if args.out:
-        args.out.write_text(json.dumps(result, indent=1))
+    save()
     print(table(result))
     return 0
 

@@ -13,8 +13,19 @@ from quartet.proc import pid_alive, process_tree
 def test_process_tree_includes_children_in_their_own_session():
     p = subprocess.Popen(["bash", "-c", "setsid sleep 60 & sleep 60 & wait"], start_new_session=True)
     try:
+        def sessions(pids):
+            try:
+                return {os.getsid(x) for x in pids}
+            except ProcessLookupError:
+                return set()
+
+        # both children exist once the tree has 3 processes, but the setsid child joins its own session only when
+        # its setsid() has run (a loaded host can sample the tree before): wait for that too
         deadline = time.monotonic() + 10
-        while len(process_tree(p.pid)) < 3 and time.monotonic() < deadline:
+        while time.monotonic() < deadline:
+            tree = process_tree(p.pid)
+            if len(tree) == 3 and len(sessions(tree)) == 2:
+                break
             time.sleep(0.05)
         tree = process_tree(p.pid)
         assert tree[0] == p.pid and len(tree) == 3 and all(pid_alive(x) for x in tree)
