@@ -155,6 +155,16 @@ def _operands(T: int, K: int, N: int, dev: str, seed: int):
             torch.randn(N, K, device=dev) * K ** -0.5)
 
 
+def call_bytes(T: int, K: int, N: int) -> dict:
+    """The fewest bytes each quantizer call of :func:`_layer_calls` must move (inputs read once, outputs written once:
+    FP8 values, float32 block scales, packed masks) for a ``(T, K) × (N, K)`` layer with 128×128 right blocks."""
+    s1, s128 = 4 / 128, 4 / 128 ** 2  # float32 scale bytes per element, 1x128 and 128x128 blocks
+    e_call = 2 * T * N + T * N * (1 + s1)  # bf16 in, FP8 + 1x128 scales out
+    return {"x_fwd": 2 * T * K + T * K * (1 + 1 / 8 + s1), "w_fwd": 4 * N * K + N * K * (1 + 1 / 8 + s128),
+            "e_rtn": e_call, "e_sr": e_call, "et_rtn": e_call,
+            "wt_bwd": N * K * (1 + s128) * 2, "xt_bwd": T * K * (1 + s1) + T * K * (1 + s128)}
+
+
 def _layer_calls(x, e, w, right_block: int = 128, **bwd) -> dict:
     """The quantizer calls of one step of the fused layer (``linear._forward_gemm`` / ``_backward_gemms`` with block-
     scaled FP8, packed masks, right operands per ``right_block``×128), each ``fn(**extra)`` (e.g. ``maxnreg``):
