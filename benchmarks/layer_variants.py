@@ -226,10 +226,22 @@ def bench_tiles(T: int, N: int, dev: str, timing: dict) -> dict:
     return _time_calls("tiles", [T, N], fns, dev, timing)
 
 
+#: the Hadamard signs and SR seed every quantizer section passes to the backward calls (``_layer_calls(**bwd)``)
+BWD = dict(signs=0x5A5A5A5A, seed=5)
+
+
+def _same_outputs(a, b) -> bool:
+    """Two quantizer calls' outputs bit for bit (FP8 values, block scales, packed masks, flush counts)."""
+    def bits(t):
+        return t.view(torch.uint8) if t.dtype.itemsize == 1 else t
+    return all(torch.equal(bits(u), bits(v)) for u, v in
+               ((getattr(a, n), getattr(b, n)) for n in ("fp8", "block_scale", "mask_bits", "flushed")) if u is not None)
+
+
 def bench_caps(T: int, K: int, N: int, dev: str, timing: dict, caps=CAPS) -> dict:
     """Each quantizer call of one layer step (forward X and W, backward E, Eᵀ, Ŵᵀ, X̂ᵀ; E also with SR) under each
     register cap of ``caps`` (``mx_quantize(maxnreg=...)``), interleaved: which calls, if any, a cap speeds up."""
-    calls = _layer_calls(*_operands(T, K, N, dev, 3), 128, signs=0x5A5A5A5A, seed=5)
+    calls = _layer_calls(*_operands(T, K, N, dev, 3), 128, **BWD)
     fns = {f"{name}@{cap or 'free'}": (lambda fn=fn, cap=cap: fn(maxnreg=cap)) for name, fn in calls.items()
            for cap in caps}
     return _time_calls("register caps", [T, K, N], fns, dev, timing)
@@ -254,9 +266,8 @@ def bench_in_scale(T: int, K: int, N: int, dev: str, timing: dict) -> dict:
     scales loaded once per element or once per stored row of the tile (``triton_quant.IN_SCALE_PER_ROW``), under
     the default register caps, interleaved."""
     x, e, w = _operands(T, K, N, dev, 3)
-    calls = {**{k: v for k, v in _layer_calls(x, e, w, 128, signs=0x5A5A5A5A, seed=5).items()
-                if k in ("wt_bwd", "xt_bwd")},
-             "xt_bwd_r1": _layer_calls(x, e, w, 1, signs=0x5A5A5A5A, seed=5)["xt_bwd"]}
+    r128, r1 = (_layer_calls(x, e, w, rb, **BWD) for rb in (128, 1))
+    calls = {"wt_bwd": r128["wt_bwd"], "xt_bwd": r128["xt_bwd"], "xt_bwd_r1": r1["xt_bwd"]}
     fns = {f"{n}@{'row' if per_row else 'element'}": _with_quant_flags(fn, IN_SCALE_PER_ROW=per_row)
            for n, fn in calls.items() for per_row in (False, True)}
     return _time_calls("input scales", [T, K, N], fns, dev, timing)
@@ -270,7 +281,7 @@ def bench_block128_warps(T: int, K: int, N: int, dev: str, timing: dict) -> dict
     """The layer's three 128×128-tile calls (W forward, Ŵᵀ and X̂ᵀ backward) under each (warps, cap) of
     :data:`BLOCK128_LAUNCHES`, interleaved: more warps in one program vs more programs per SM. Each launch's outputs
     are checked bitwise against the default's first (``bitwise`` in the JSON: a launch setting must not change them)."""
-    calls = _layer_calls(*_operands(T, K, N, dev, 3), 128, signs=0x5A5A5A5A, seed=5)
+    calls = _layer_calls(*_operands(T, K, N, dev, 3), 128, **BWD)
 
     def launch(fn, warps, cap):
         return _with_quant_flags(lambda: fn(maxnreg=cap), BLOCK128_WARPS=warps)
@@ -280,11 +291,7 @@ def bench_block128_warps(T: int, K: int, N: int, dev: str, timing: dict) -> dict
     for name in names:
         ref = launch(calls[name], *BLOCK128_LAUNCHES[0])()
         for warps, cap in BLOCK128_LAUNCHES[1:]:
-            got = launch(calls[name], warps, cap)()
-            bitwise[f"{name}@w{warps}c{cap}"] = all(
-                torch.equal(*(t.view(torch.uint8) if t.dtype.itemsize == 1 else t for t in (u, v)))
-                for u, v in ((getattr(ref, a), getattr(got, a)) for a in ("fp8", "block_scale", "mask_bits", "flushed"))
-                if u is not None)
+            bitwise[f"{name}@w{warps}c{cap}"] = _same_outputs(ref, launch(calls[name], warps, cap)())
     fns = {f"{n}@w{w}c{c}": launch(calls[n], w, c) for n in names for w, c in BLOCK128_LAUNCHES}
     return {**_time_calls("128x128 launches", [T, K, N], fns, dev, timing), "bitwise": bitwise}
 

@@ -56,27 +56,18 @@ RECIPES = {
         {"x_ptr": "fp8e4nv"}, {**_T, "in_s0": 1, "in_s1": R},
         dict(RULE=1, WRITE_MASK=False, HAS_SIGNS=2, COL_ORDER=True, IN_SCALE=3, IN_T=True, SCALE_BR=128, BLOCK_R=128,
              IN_SCALE_VEC=True), 16),
-    # before round 7: the FP8 input's scale loaded per element (triton_quant.IN_SCALE_PER_ROW = False)
-    "Xt absmax RTN 128x128 (fp8 in, transposed, scale per element)": (
-        {"x_ptr": "fp8e4nv"}, {**_T, "in_s0": 1, "in_s1": R},
-        dict(RULE=1, WRITE_MASK=False, HAS_SIGNS=2, COL_ORDER=True, IN_SCALE=3, IN_T=True, SCALE_BR=128, BLOCK_R=128),
-        16),
     # the 1x128 tile on the same work (linear.RIGHT_BLOCK = 1)
     "Xt absmax RTN 1x128 (fp8 in, transposed)": (
         {"x_ptr": "fp8e4nv"}, {**_T, "in_s0": 1, "in_s1": R},
         dict(RULE=1, WRITE_MASK=False, HAS_SIGNS=2, COL_ORDER=True, IN_SCALE=3, IN_T=True, IN_SCALE_VEC=True), 4),
-    "Xt absmax RTN 1x128 (fp8 in, transposed, scale per element)": (
-        {"x_ptr": "fp8e4nv"}, {**_T, "in_s0": 1, "in_s1": R},
-        dict(RULE=1, WRITE_MASK=False, HAS_SIGNS=2, COL_ORDER=True, IN_SCALE=3, IN_T=True), 4),
     "Wt absmax RTN 128x128 (fp8 in, transposed)": (
         {"x_ptr": "fp8e4nv"}, {**_T, "R": K, "K": K, "stride_k": K, "in_s0": 32, "in_s1": 1},
         dict(RULE=1, WRITE_MASK=False, HAS_SIGNS=2, COL_ORDER=True, IN_SCALE=3, IN_T=True, IN_BR=128, SCALE_BR=128,
              BLOCK_R=128, IN_SCALE_VEC=True), 16),
-    "Wt absmax RTN 128x128 (fp8 in, transposed, scale per element)": (
-        {"x_ptr": "fp8e4nv"}, {**_T, "R": K, "K": K, "stride_k": K, "in_s0": 32, "in_s1": 1},
-        dict(RULE=1, WRITE_MASK=False, HAS_SIGNS=2, COL_ORDER=True, IN_SCALE=3, IN_T=True, IN_BR=128, SCALE_BR=128,
-             BLOCK_R=128), 16),
 }
+# before round 7 the transposed FP8 inputs' scales were loaded per element (triton_quant.IN_SCALE_PER_ROW = False)
+RECIPES.update({name[:-1] + ", scale per element)": (ptr, ints, {**c, "IN_SCALE_VEC": False}, w)
+                for name, (ptr, ints, c, w) in list(RECIPES.items()) if c.get("IN_SCALE_VEC")})
 
 
 def _tool(name: str) -> str:

@@ -51,9 +51,10 @@ def exit_process(code: int) -> NoReturn:
     DTensor sharding cache does until the interpreter ends. The interpreter's own teardown then destroys them in an
     order that now and then calls ``std::terminate``: a *completed* rank dies with SIGABRT ("terminate called without
     an active exception"), torchrun reports the run failed. Seen once in 20 two-process CPU FSDP runs on a loaded
-    2-core machine; a failed CI run fits it (its log showed only that one run was not ok). Everything a run writes is closed before this (the trainer's logs, the
-    wandb mirror); what a normal exit does first is done here too, in its order — wait for the non-daemon threads
-    (and thread pools' exits), then the ``atexit`` handlers — only the interpreter's final teardown is skipped.
+    2-core machine; a failed CI run fits it (its log showed only that one run was not ok). Everything a run writes is
+    closed before this (the trainer's logs, the wandb mirror); what a normal exit does first is done here too, in its
+    order — wait for the non-daemon threads (and thread pools' exits), then the ``atexit`` handlers — only the
+    interpreter's final teardown is skipped.
     """
     try:
         # CPython's own first steps of an exit (private names: there is no public way to ask for them)

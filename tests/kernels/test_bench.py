@@ -238,18 +238,24 @@ def test_meta_records_the_commit_it_was_given_over_the_copy_s_git_head(monkeypat
     assert m["git_commit_from"] == "git" and m["git_commit"] == B._git("rev-parse", "HEAD")
 
 
+def _benchmark(name: str):
+    """A script of ``benchmarks/`` loaded as a module (the folder is not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, B.REPO / "benchmarks" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU smoke run needs Triton's interpreter (CPU-only machines)")
 def test_layer_variants_smoke_run_restores_the_layer_flags(tmp_path):
     """benchmarks/layer_variants.py end to end on the CPU (tiny shape, eager, Triton interpreter): every variant and
     BF16 get a figure and a ratio, and the layer's module flags are what they were before (each variant sets them only
     while it is built and run)."""
-    import importlib.util
-
     from quartet.kernels import linear as L
 
-    spec = importlib.util.spec_from_file_location("layer_variants", B.REPO / "benchmarks" / "layer_variants.py")
-    lv = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(lv)
+    lv = _benchmark("layer_variants")
     from quartet.kernels import triton_quant as tq
 
     flags = lambda: (L.RIGHT_BLOCK, L.MASK_BITS, dict(tq.MAXNREG))  # noqa: E731
@@ -277,9 +283,7 @@ def test_layer_variants_smoke_run_restores_the_layer_flags(tmp_path):
                                              for how in ("element", "row")}
     # the floor chart reads this JSON: each call's round-7 figure is its default cap's, times the per-row ratio for the
     # FP8 inputs; the floor is its bytes over the copy bandwidth
-    spec = importlib.util.spec_from_file_location("plot_quantizer_floor", B.REPO / "benchmarks" / "plot_quantizer_floor.py")
-    pq = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(pq)
+    pq = _benchmark("plot_quantizer_floor")
     png = tmp_path / "floor.png"
     assert pq.main(["--caps", str(out), "--inscale", str(out), "--shape", "128,128,128", "--copy-gbps", "1000",
                     "--out", str(png)]) == 0
@@ -325,10 +329,6 @@ def test_layer_call_bytes_match_round_6_floor_table():
     """``layer_variants.call_bytes``: the byte floors docs/kernels.md's round-6 table lists for 16384×4096×4096 (MiB,
     inputs read once, outputs written once, packed masks); X̂ᵀ with its float32 scales (130 MiB; the table's 128 left
     them out)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("layer_variants", B.REPO / "benchmarks" / "layer_variants.py")
-    lv = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(lv)
+    lv = _benchmark("layer_variants")
     mib = {k: round(v / 2**20) for k, v in lv.call_bytes(16384, 4096, 4096).items()}
     assert mib == {"x_fwd": 202, "w_fwd": 82, "e_rtn": 194, "e_sr": 194, "et_rtn": 194, "wt_bwd": 32, "xt_bwd": 130}

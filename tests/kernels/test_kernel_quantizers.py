@@ -428,6 +428,16 @@ def test_cast_bf16_reads_float32_as_its_bf16_rounding():
         tq.mx_quantize(xd.to(torch.bfloat16), cast_bf16=True)
 
 
+def _assert_same_outputs(ref, got, attrs, ctx):
+    """Two :class:`QuantizedOperand` s hold the same ``attrs``: both absent, or equal (1-byte FP8 values bit for bit)."""
+    for attr in attrs:
+        u, v = getattr(ref, attr), getattr(got, attr)
+        assert (u is None) == (v is None), (ctx, attr)
+        if u is not None:
+            assert torch.equal(u.view(torch.uint8) if u.dtype.itemsize == 1 else u,
+                               v.view(torch.uint8) if v.dtype.itemsize == 1 else v), (ctx, attr)
+
+
 @pytest.mark.skipif(DEV != "cuda", reason="the register cap is a ptxas option: the CPU interpreter has no registers")
 def test_a_register_cap_changes_no_output():
     """``maxnreg`` (ptxas ``.maxnreg``: fewer registers, spills, more programs per SM) is a speed knob only: each of
@@ -449,13 +459,8 @@ def test_a_register_cap_changes_no_output():
     for name, (t, kw) in recipes.items():
         ref = tq.mx_quantize(t, maxnreg=0, **kw)  # uncapped
         for cap in (96, 64, None):  # None: the launch kind's default (MAXNREG)
-            got = tq.mx_quantize(t, maxnreg=cap, **kw)
-            for attr in ("deq", "mask_bits", "fp8", "block_scale", "flushed"):
-                u, v = getattr(ref, attr), getattr(got, attr)
-                assert (u is None) == (v is None), (name, cap, attr)
-                if u is not None:
-                    assert torch.equal(u.view(torch.uint8) if u.dtype.itemsize == 1 else u,
-                                       v.view(torch.uint8) if v.dtype.itemsize == 1 else v), (name, cap, attr)
+            _assert_same_outputs(ref, tq.mx_quantize(t, maxnreg=cap, **kw), ("deq", "mask_bits", "fp8", "block_scale",
+                                                                            "flushed"), (name, cap))
 
 
 def test_a_bad_register_cap_is_refused():
@@ -535,9 +540,4 @@ def test_transposed_fp8_input_scales_per_row_change_nothing(blk, monkeypatch):
         for per_row in (False, True):
             monkeypatch.setattr(tq, "IN_SCALE_PER_ROW", per_row)
             out[per_row] = tq.mx_quantize(q.fp8, **base, **kw)
-        for attr in ("deq", "fp8", "block_scale", "row_scale", "flushed"):
-            u, v = getattr(out[False], attr), getattr(out[True], attr)
-            assert (u is None) == (v is None), (kw, attr)
-            if u is not None:
-                assert torch.equal(u.view(torch.uint8) if u.dtype.itemsize == 1 else u,
-                                   v.view(torch.uint8) if v.dtype.itemsize == 1 else v), (kw, attr)
+        _assert_same_outputs(out[False], out[True], ("deq", "fp8", "block_scale", "row_scale", "flushed"), kw)
