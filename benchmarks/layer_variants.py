@@ -22,6 +22,7 @@ clocks. A figure is the median with p10/p90; ratios are of medians taken under t
     python3 benchmarks/layer_variants.py --sections caps,layer --caps 0,96,64 --variants r128_bits,tuned,r128_bits_sr,tuned_sr
     python3 benchmarks/layer_variants.py --sections warps       # the 128x128 launches: warps vs programs per SM
     python3 benchmarks/layer_variants.py --sections inscale     # X̂ᵀ / Ŵᵀ: input scales per element vs per row
+    python3 benchmarks/layer_variants.py --sections split,layer --variants tuned,split4,tuned_sr,split4_sr
     python3 benchmarks/layer_variants.py --device cpu --smoke               # CPU interpreter: the code path only
 
 Prints a table last; ``--out`` gets the JSON (figures, per-variant kernel profile at 16384×4096×4096, provenance).
@@ -50,22 +51,31 @@ def _caps(a: int | None, b: int | None) -> dict:
     return {"1x128": a, "1x128 T": a, "128x128": b, "128x128 T": b}
 
 
-#: variant name -> (RIGHT_BLOCK, MASK_BITS, stochastic backward, register-cap table ``triton_quant.MAXNREG``); every
-#: variant runs today's kernels (e.g. round 7's per-row input scales), so "round 5's / 6's layer" means its layout
+#: round 7's register caps (``triton_quant.MAXNREG_MEASURED`` as round 7 left it), chosen for the one-piece 128×128 tile
+ROUND7_CAPS = {"1x128": 96, "1x128 T": None, "128x128": None, "128x128 T": 64}
+#: variant name -> (RIGHT_BLOCK, MASK_BITS, stochastic backward, register-cap table ``triton_quant.MAXNREG``,
+#: ``triton_quant.BLOCK128_SPLIT``); every variant runs today's kernels (e.g. round 7's per-row input scales), so
+#: "round 5's / 6's layer" means its layout
 VARIANTS = {
-    "r128_bool": (128, False, False, _caps(None, None)),   # round 5's layer
-    "r128_bits": (128, True, False, _caps(None, None)),    # round 6's layer (nothing capped)
-    "r1_bits": (1, True, False, _caps(None, None)),
-    "r128_bool_sr": (128, False, True, _caps(None, None)),
-    "r128_bits_sr": (128, True, True, _caps(None, None)),
+    "r128_bool": (128, False, False, _caps(None, None), 1),   # round 5's layer
+    "r128_bits": (128, True, False, _caps(None, None), 1),    # round 6's layer (nothing capped)
+    "r1_bits": (1, True, False, _caps(None, None), 1),
+    "r128_bool_sr": (128, False, True, _caps(None, None), 1),
+    "r128_bits_sr": (128, True, True, _caps(None, None), 1),
     # round 7: register caps (1x128 tiles, 128x128 tiles); 96 spills nothing, 64 lets two 128x128 programs share an SM
-    "cap96": (128, True, False, _caps(96, None)),
-    "cap96_64": (128, True, False, _caps(96, 64)),
-    "cap80_64": (128, True, False, _caps(80, 64)),
-    "cap96_64_sr": (128, True, True, _caps(96, 64)),
-    # round 7's default: each launch kind's cap chosen from the caps section (triton_quant.MAXNREG_MEASURED)
-    "tuned": (128, True, False, dict(tq.MAXNREG_MEASURED)),
-    "tuned_sr": (128, True, True, dict(tq.MAXNREG_MEASURED)),
+    "cap96": (128, True, False, _caps(96, None), 1),
+    "cap96_64": (128, True, False, _caps(96, 64), 1),
+    "cap80_64": (128, True, False, _caps(80, 64), 1),
+    "cap96_64_sr": (128, True, True, _caps(96, 64), 1),
+    # round 7's layer: each launch kind's cap chosen from its caps section, the 128x128 blocks in one piece
+    "tuned": (128, True, False, dict(ROUND7_CAPS), 1),
+    "tuned_sr": (128, True, True, dict(ROUND7_CAPS), 1),
+    # round 8: the 128x128 blocks in 4 row slices of 32 (a 4-warp program), the 1x128 caps kept, the slices uncapped
+    "split4": (128, True, False, {**ROUND7_CAPS, "128x128": None, "128x128 T": None}, 4),
+    "split4_sr": (128, True, True, {**ROUND7_CAPS, "128x128": None, "128x128 T": None}, 4),
+    # today's defaults (triton_quant.MAXNREG_MEASURED and BLOCK128_SPLIT)
+    "default": (128, True, False, dict(tq.MAXNREG_MEASURED), tq.BLOCK128_SPLIT),
+    "default_sr": (128, True, True, dict(tq.MAXNREG_MEASURED), tq.BLOCK128_SPLIT),
 }
 #: register caps of the ``caps`` section (0: uncapped, ptxas's choice)
 CAPS = (0, 96, 80, 64)
@@ -97,14 +107,14 @@ def _variant_layer(name: str, K: int, N: int, w: torch.Tensor, dev: str, engine:
 
 def _with_flags(name: str, fn):
     """Run ``fn()`` with the module flags of variant ``name`` (BF16: unchanged), restoring them after."""
-    old = (L.RIGHT_BLOCK, L.MASK_BITS, tq.MAXNREG)
+    old = (L.RIGHT_BLOCK, L.MASK_BITS, tq.MAXNREG, tq.BLOCK128_SPLIT)
     if name in VARIANTS:
-        rb, bits, _, caps = VARIANTS[name]
-        L.RIGHT_BLOCK, L.MASK_BITS, tq.MAXNREG = rb, bits, dict(caps)
+        rb, bits, _, caps, split = VARIANTS[name]
+        L.RIGHT_BLOCK, L.MASK_BITS, tq.MAXNREG, tq.BLOCK128_SPLIT = rb, bits, dict(caps), split
     try:
         return fn()
     finally:
-        L.RIGHT_BLOCK, L.MASK_BITS, tq.MAXNREG = old
+        L.RIGHT_BLOCK, L.MASK_BITS, tq.MAXNREG, tq.BLOCK128_SPLIT = old
 
 
 def bench_shape(T: int, K: int, N: int, dev: str, engine: str, variants, timing: dict, profile: bool) -> dict:
@@ -284,7 +294,7 @@ def bench_block128_warps(T: int, K: int, N: int, dev: str, timing: dict) -> dict
     calls = _layer_calls(*_operands(T, K, N, dev, 3), 128, **BWD)
 
     def launch(fn, warps, cap):
-        return _with_quant_flags(lambda: fn(maxnreg=cap), BLOCK128_WARPS=warps)
+        return _with_quant_flags(lambda: fn(maxnreg=cap), BLOCK128_WARPS=warps, BLOCK128_SPLIT=1)  # the one-piece tile
 
     names = ("w_fwd", "wt_bwd", "xt_bwd")
     bitwise = {}
@@ -294,6 +304,32 @@ def bench_block128_warps(T: int, K: int, N: int, dev: str, timing: dict) -> dict
             bitwise[f"{name}@w{warps}c{cap}"] = _same_outputs(ref, launch(calls[name], warps, cap)())
     fns = {f"{n}@w{w}c{c}": launch(calls[n], w, c) for n in names for w, c in BLOCK128_LAUNCHES}
     return {**_time_calls("128x128 launches", [T, K, N], fns, dev, timing), "bitwise": bitwise}
+
+
+#: (row slices, register cap) of the ``split`` section's 128×128-block launches: (1, None) is round 7's one-piece
+#: 16-warp tile under round 7's caps; 0 uncaps a sliced launch
+SPLIT_LAUNCHES = ((1, None), (2, 0), (4, 0), (8, 0), (4, 96), (4, 80), (8, 96), (2, 96))
+
+
+def bench_block128_split(T: int, K: int, N: int, dev: str, timing: dict) -> dict:
+    """The layer's 128×128-block calls (W forward, Ŵᵀ and X̂ᵀ backward, X̂ᵀ also with SR) as one 16-warp tile or in row
+    slices (``triton_quant.BLOCK128_SPLIT``) under register caps, interleaved; every launch's outputs checked bitwise
+    against the one-piece tile's (``bitwise`` in the JSON)."""
+    calls = _layer_calls(*_operands(T, K, N, dev, 3), 128, **BWD)
+    calls["xt_bwd_sr"] = lambda **k: calls["xt_bwd"](stochastic=True, **k)
+
+    def launch(fn, split, cap):
+        caps = ROUND7_CAPS if cap is None else _caps(ROUND7_CAPS["1x128"], cap or None)
+        return _with_quant_flags(fn, BLOCK128_SPLIT=split, MAXNREG=caps)
+
+    names = ("w_fwd", "wt_bwd", "xt_bwd", "xt_bwd_sr")
+    bitwise = {}
+    for name in names:
+        ref = launch(calls[name], *SPLIT_LAUNCHES[0])()
+        for split, cap in SPLIT_LAUNCHES[1:]:
+            bitwise[f"{name}@s{split}c{cap}"] = _same_outputs(ref, launch(calls[name], split, cap)())
+    fns = {f"{n}@s{s}c{c}": launch(calls[n], s, c) for n in names for s, c in SPLIT_LAUNCHES}
+    return {**_time_calls("128x128 slices", [T, K, N], fns, dev, timing), "bitwise": bitwise}
 
 
 def table(result: dict) -> str:
@@ -315,11 +351,12 @@ def table(result: dict) -> str:
         row = result["in_scale"]
         lines.append(f"input scales {'x'.join(map(str, row['shape']))} (us):")
         lines += [f"    {k:18s} {v['median_ms'] * 1e3:6.1f} ±{v['spread']:.0%}" for k, v in row["figures"].items()]
-    if result.get("warps"):
-        row = result["warps"]
-        lines.append(f"128x128 launches {'x'.join(map(str, row['shape']))} (us; bitwise equal to w16c0: "
-                     f"{all(row['bitwise'].values())}):")
-        lines += [f"    {k:14s} {v['median_ms'] * 1e3:6.1f} ±{v['spread']:.0%}" for k, v in row["figures"].items()]
+    for key, ref in (("warps", "w16c0"), ("split", "s1cNone")):
+        row = result.get(key)
+        if row:
+            lines.append(f"128x128 {'launches' if key == 'warps' else 'slices'} {'x'.join(map(str, row['shape']))} "
+                         f"(us; bitwise equal to {ref}: {all(row['bitwise'].values())}):")
+            lines += [f"    {k:18s} {v['median_ms'] * 1e3:6.1f} ±{v['spread']:.0%}" for k, v in row["figures"].items()]
     for row in result.get("caps", []):
         f = row["figures"]
         lines.append(f"register caps {'x'.join(map(str, row['shape']))} (us; ratio to uncapped):")
@@ -341,7 +378,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sections", default="layer,tiles,right",
                     help="comma list of: layer (the variants vs BF16), tiles (Eᵀ tiles), right (right operands), "
                          "caps (each quantizer call under each register cap), warps (the 128x128 launches under "
-                         "more warps or more programs per SM), inscale (the FP8 inputs' scales per element or per row)")
+                         "more warps or more programs per SM), inscale (the FP8 inputs' scales per element or per row), "
+                         "split (the 128x128 blocks in one tile or in row slices)")
     ap.add_argument("--caps", default=",".join(map(str, CAPS)),
                     help="comma list of the caps section's register caps (0: uncapped, always included)")
     ap.add_argument("--variants", default=None, help=f"comma list of the layer's variants (default: all of "
@@ -365,7 +403,7 @@ def main(argv=None) -> int:
                   else list(B.LINEAR_SHAPES))
         timing, variants = {}, chosen
     result = {"meta": B.meta(["layer_variants", *(argv if argv is not None else sys.argv[1:])], bench),
-              "variants": {k: dict(zip(("right_block", "mask_bits", "stochastic", "maxnreg"), v))
+              "variants": {k: dict(zip(("right_block", "mask_bits", "stochastic", "maxnreg", "block128_split"), v))
                            for k, v in VARIANTS.items() if k in variants},
               "shapes": [], "right_operands": []}
     result["meta"]["timing"]["order"] = "interleaved (timing.time_interleaved)"
@@ -388,6 +426,10 @@ def main(argv=None) -> int:
             save()
     if "inscale" in sections:
         result["in_scale"] = bench_in_scale(*square, dev, timing)
+        bench.empty()
+        save()
+    if "split" in sections:
+        result["split"] = bench_block128_split(*square, dev, timing)
         bench.empty()
         save()
     if "warps" in sections:

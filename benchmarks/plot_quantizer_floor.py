@@ -26,8 +26,7 @@ import matplotlib  # noqa: E402
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from layer_variants import call_bytes  # noqa: E402
-from quartet.kernels.triton_quant import MAXNREG_MEASURED  # noqa: E402
+from layer_variants import ROUND7_CAPS, call_bytes  # noqa: E402
 
 #: the quantizer calls of one step (``layer_variants._layer_calls``), their labels and launch kinds
 CALLS = {"x_fwd": ("X fwd", "1x128"), "w_fwd": ("W fwd", "128x128"), "e_rtn": ("E RTN", "1x128"),
@@ -46,7 +45,7 @@ def rows(caps_json: dict, inscale_json: dict, shape: list, copy_gbps: float) -> 
     floor = call_bytes(*shape)
     out = []
     for name, (label, kind) in CALLS.items():
-        cap = MAXNREG_MEASURED[kind]
+        cap = ROUND7_CAPS[kind]
         now = f[f"{name}@{cap or 'free'}"]["median_ms"] * per_row.get(name, 1.0)
         out.append({"call": name, "label": label, "round6_us": f[f"{name}@free"]["median_ms"] * 1e3,
                     "round7_us": now * 1e3, "floor_us": floor[name] / copy_gbps / 1e3})

@@ -141,11 +141,57 @@ if HAS_TRITON:
         val = sq * (_exp2i(tl.maximum(d, -126)) * gmul)[:, None]
         f8 = _to_fp8_nan(val, fp8_ptr.dtype.element_ty)
         if tl.max((gvalid & (d < MIN_D)).to(tl.int32), axis=0) > 0:
-            flushed = (f8.to(tl.float32) != val) & (val == val) & inb  # NaN (a non-finite QuEST group) is not a flush
-            n_flushed = tl.sum(tl.sum(flushed.to(tl.int32), axis=1), axis=0)
-            if n_flushed > 0:
-                tl.atomic_add(flush_ptr, n_flushed)
+            _count_flushed(f8, val, inb, flush_ptr)
         tl.store(fp8_ptr + offs, f8, mask=inb)
+
+    @triton.jit
+    def _count_flushed(f8, val, inb, flush_ptr):
+        """Add the values that FP8 did not hold exactly (``f8 != val``; NaN, a non-finite QuEST group, is not one) to
+        the flush counter."""
+        flushed = (f8.to(tl.float32) != val) & (val == val) & inb
+        n_flushed = tl.sum(tl.sum(flushed.to(tl.int32), axis=1), axis=0)
+        if n_flushed > 0:
+            tl.atomic_add(flush_ptr, n_flushed)
+
+    @triton.jit
+    def _fold_block_in_place(fp8_ptr, gexp_ptr, flush_ptr, bscale_ptr, bscale_ld, R, K, pid_r, pid_k,
+                             SHIFT: tl.constexpr, FACTOR: tl.constexpr, MIN_D: tl.constexpr, BLOCK_R: tl.constexpr,
+                             SPLIT: tl.constexpr):
+        """The end of a 128×128 block quantized in ``SPLIT`` slices: ``±q → fp8(±q · 2^(e_g − e_blk + shift))`` in place
+        and the block scale ``2^(e_blk − shift)·factor``, with ``e_blk`` the largest of the block's fold exponents
+        (``gexp``: ``-127`` for a group that may not raise it). The same values and flush count as the one-piece
+        tile; the per-element flush check runs only in a block whose smallest fold exponent is more than the
+        format's range below ``e_blk`` (a group there may flush; a -127 group, all zero or NaN, cannot but is
+        checked too)."""
+        # the slices' stores by other threads of the program are visible after the barrier
+        tl.debug_barrier()
+        NG: tl.constexpr = BLOCK_R * SPLIT * 4
+        gb = tl.arange(0, NG)
+        brow = pid_r * (BLOCK_R * SPLIT) + gb // 4
+        ge = tl.load(gexp_ptr + brow.to(tl.int64) * (K // 32) + pid_k * 4 + gb % 4, mask=brow < R, other=-127)
+        ge = ge.to(tl.int32)
+        e_blk = tl.max(ge, axis=0)
+        check = tl.min(ge, axis=0) - e_blk + SHIFT < MIN_D
+        G: tl.constexpr = BLOCK_R * 4
+        g = tl.arange(0, G)
+        c = tl.arange(0, 32)
+        for sub in tl.static_range(SPLIT):
+            rows = (pid_r * SPLIT + sub) * BLOCK_R + g // 4
+            k0 = pid_k * 128 + (g % 4) * 32
+            rmask = rows < R
+            inb = rmask[:, None] & (c[None, :] < 32)
+            offs = rows[:, None].to(tl.int64) * K + k0[:, None] + c[None, :]
+            q8 = tl.load(fp8_ptr + offs, mask=inb, other=0.0)
+            # NaN stored as 0x7F decoded from the bits (the CPU interpreter's cast is not trusted with it)
+            q = tl.where((q8.to(tl.uint8, bitcast=True) & 0x7F) == 0x7F, float("nan"), q8.to(tl.float32))
+            e = tl.load(gexp_ptr + rows.to(tl.int64) * (K // 32) + k0 // 32, mask=rmask, other=0).to(tl.int32)
+            d = tl.minimum(e - e_blk + SHIFT, SHIFT)
+            val = q * _exp2i(tl.maximum(d, -126))[:, None]
+            f8 = _to_fp8_nan(val, fp8_ptr.dtype.element_ty)
+            if check:
+                _count_flushed(f8, val, inb, flush_ptr)
+            tl.store(fp8_ptr + offs, f8, mask=inb)
+        tl.store(bscale_ptr + pid_r * bscale_ld + pid_k, _exp2_wide(e_blk - SHIFT) * FACTOR)
 
     @triton.jit
     def _mx_quant_kernel(
@@ -159,6 +205,7 @@ if HAS_TRITON:
         BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, IN_T: tl.constexpr = False, IN_BR: tl.constexpr = 1,
         SCALE_BR: tl.constexpr = 1, FACTOR: tl.constexpr = 1.0, CAST_BF16: tl.constexpr = False,
         FP8_MIN_D: tl.constexpr = -8, MASK_BITS: tl.constexpr = False, IN_SCALE_VEC: tl.constexpr = False,
+        SPLIT: tl.constexpr = 1,
     ):
         # The tile is handled as G groups x 32 elements from the start (no reshapes): group g covers
         # logical row r(g), columns k0(g) .. k0(g)+31. COL_ORDER numbers groups row-fastest, so that
@@ -167,219 +214,232 @@ if HAS_TRITON:
         G: tl.constexpr = BLOCK_R * NJ
         pid_r = tl.program_id(0)
         pid_k = tl.program_id(1)
-        g = tl.arange(0, G)
-        if COL_ORDER:
-            r_loc = g % BLOCK_R
-            j_loc = g // BLOCK_R
-        else:
-            r_loc = g // NJ
-            j_loc = g % NJ
-        rows = pid_r * BLOCK_R + r_loc
-        k0 = pid_k * BLOCK_K + j_loc * 32
-        c = tl.arange(0, 32)
-        rmask = rows < R
-        inb = rmask[:, None] & (c[None, :] < 32)
-        kk = k0[:, None] + c[None, :]
-        src = x_ptr + rows[:, None].to(tl.int64) * stride_r + kk.to(tl.int64) * stride_k
-        xg = tl.load(src, mask=inb, other=0.0)
-        if CAST_BF16:
-            # a float32 operand (training's master weight) rounded to bf16 as it is loaded: the layer's
-            # `.to(torch.bfloat16)` without its own kernel and copy
-            xg = _to_bf16(xg)
-        if IN_SCALE == 1:  # one input scale per logical row (FP8-stored operand read along its rows)
-            xg = xg.to(tl.float32) * tl.load(in_scale_ptr + rows, mask=rmask, other=0.0)[:, None]
-        elif IN_SCALE == 2:  # one input scale per logical column (read along its columns)
-            xg = xg.to(tl.float32) * tl.load(in_scale_ptr + kk)
-        elif IN_SCALE == 3:
-            # a block-scaled FP8 operand: one scale per (stored row // IN_BR, stored column // 128)
-            if IN_T and IN_SCALE_VEC:
-                # the scale of element (g, c) depends only on its stored row k0(g) + c: one load per stored row
-                # of the tile (BLOCK_K), broadcast over the tile's groups (the tile lies inside one 128-block of
-                # stored columns: BLOCK_R divides 128)
-                kv = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
-                sv = tl.load(in_scale_ptr + (kv // IN_BR) * in_s0 + ((pid_r * BLOCK_R) // 128) * in_s1)
-                s3 = tl.reshape(sv, (NJ, 1, 32))
-                if COL_ORDER:
-                    sg = tl.reshape(tl.broadcast_to(s3, (NJ, BLOCK_R, 32)), (G, 32))
-                else:
-                    sg = tl.reshape(tl.broadcast_to(tl.reshape(sv, (1, NJ, 32)), (BLOCK_R, NJ, 32)), (G, 32))
-                xg = xg.to(tl.float32) * sg
-            elif IN_T:
-                s_off = (kk // IN_BR) * in_s0 + (rows // 128)[:, None] * in_s1
-                xg = xg.to(tl.float32) * tl.load(in_scale_ptr + s_off, mask=inb, other=0.0)
-            else:
-                s_off = (rows // IN_BR)[:, None] * in_s0 + (kk // 128) * in_s1
-                xg = xg.to(tl.float32) * tl.load(in_scale_ptr + s_off, mask=inb, other=0.0)
-
-        # ---- rotation: (x ⊙ signs) @ H±1, then 1/sqrt(32) -----------------------------------------
-        if HADAMARD:
-            h = tl.load(h_ptr + c[:, None] * 32 + c[None, :])
-            if HAS_SIGNS == 1:
-                sg = tl.load(signs_ptr + c)
-            elif HAS_SIGNS == 2:
-                # signs passed by value as a 32-bit mask (bit i set: sign i is -1): no host-to-device copy
-                sg = 1.0 - 2.0 * ((signs_bits >> c) & 1).to(tl.float32)
-            if HAS_SIGNS != 0:
-                h = h * sg[:, None]  # diag(s) @ H: still ±1, so the products stay exact
-            if DOT_BF16 == 1:
-                y = tl.dot(xg.to(tl.bfloat16), h.to(tl.bfloat16), out_dtype=tl.float32)
-            elif DOT_BF16 == 2:
-                # float32 input on the GPU: three bf16 slices hold all 24 bits; each ±1 dot is exact
-                hb = h.to(tl.bfloat16)
-                x32 = xg.to(tl.float32)
-                b1 = x32.to(tl.bfloat16)
-                r1 = x32 - b1.to(tl.float32)
-                b2 = r1.to(tl.bfloat16)
-                b3 = (r1 - b2.to(tl.float32)).to(tl.bfloat16)
-                y = tl.dot(b1, hb, out_dtype=tl.float32)
-                y += tl.dot(b2, hb, out_dtype=tl.float32)
-                y += tl.dot(b3, hb, out_dtype=tl.float32)
-            else:
-                y = tl.dot(xg.to(tl.float32), h.to(tl.float32), input_precision="ieee")
-            y = y * 0.17677669529663687
-        else:
-            y = xg.to(tl.float32)
-
-        # ---- group scale exponent (exact floor(log2 v) from the float bits) ---------------------------
-        if RULE == 0:
-            # two-pass population std (mean first); the oracle uses the one-pass sqrt(E[y²] − E[y]²), which
-            # agrees after the power-of-two floor (see quartet.quant.mx.quest_scales)
-            mean = tl.sum(y, axis=1) / 32.0
-            dev_ = y - mean[:, None]
-            var = tl.sum(dev_ * dev_, axis=1) / 32.0
-            sd = 0.48707976 * tl.sqrt_rn(var)
-            ovf = (var != var) | (var > 3.4028234663852886e38)
-            if tl.max(ovf.to(tl.int32), axis=0) > 0:
-                # rare: some group's squares overflowed float32 (|y| ≳ 1e19) or it holds Inf/NaN. Redo those
-                # groups scaled by 2^-72 (exact), as the oracle; Inf/NaN stay non-finite (NaN scale below)
-                ys = y * tl.where(ovf, 2.117582368135751e-22, 1.0)[:, None]
-                mean_s = tl.sum(ys, axis=1) / 32.0
-                dev_s = ys - mean_s[:, None]
-                var_s = tl.sum(dev_s * dev_s, axis=1) / 32.0
-                sd = tl.where(ovf, (0.48707976 * tl.sqrt_rn(var_s)) * 4.722366482869645e21, sd)
-            v = sd + 1e-8
-            e = ((v.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127  # 128 where v is Inf/NaN: E8M0 code 255
-        else:
-            v = tl.max(tl.abs(y), axis=1)
-            e = ((v.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127 - 2
-            # clamped to E8M0's range after the −2 (amax < 2^-124 → 2^-127); all-zero group: 2^-2 as the oracle
-            e = tl.where(v > 0.0, tl.maximum(e, -127), -2)
-        # a QuEST group with a non-finite σ (it holds Inf/NaN): NaN values, mask False, E8M0 NaN, FP8 NaN
-        nan_g = e > 127
-        e = tl.minimum(e, 127)
-        gnan = tl.where(nan_g, float("nan"), 1.0)  # multiplies a group's scale: NaN values without a per-element select
-
-        # the exponent a group contributes to its row's / block's FP8 fold exponent: all-zero groups
-        # (padding, dead units) and rows past the end must not raise it (absmax gives them 2^-2). A
-        # row/block with no such group keeps -127; the fold then clamps d to the shift (its values are 0)
-        g_valid = rmask & ((RULE == 0) | (v > 0.0)) & ~nan_g
-        e_fold = tl.where(g_valid, e, -127)
-        if MODE == 2 or MODE == 4:
-            # the FP8 fold needs the largest group exponent of each output row
+        for sub in tl.static_range(SPLIT):
+            # SPLIT > 1: the program's 128-row block in SPLIT slices of BLOCK_R rows (see _fold_block_in_place)
+            row0 = (pid_r * SPLIT + sub) * BLOCK_R
+            g = tl.arange(0, G)
             if COL_ORDER:
-                er = tl.max(tl.reshape(e_fold, (NJ, BLOCK_R)), axis=0)
+                r_loc = g % BLOCK_R
+                j_loc = g // BLOCK_R
             else:
-                er = tl.max(tl.reshape(e_fold, (BLOCK_R, NJ)), axis=1)
-            rr_ = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
-            tl.atomic_max(rowexp_ptr + rr_, er, mask=rr_ < R)
-        if MODE != 2:
-            # ---- scale and round ------------------------------------------------------------------
-            if RULE == 1:
-                # oracle order: divide by the exact power of two, then multiply by 3/4 (one rounding)
-                yq = (y * _exp2i(-e)[:, None]) * 0.75
-            else:
-                yq = y * _exp2i(-e)[:, None]  # exact: power-of-two scale
-            a = tl.abs(yq)
-            if STOCHASTIC:
-                gid = rows * (K // 32) + k0 // 32
-                if SEED_PTR:  # the seed lives on the device (CUDA-graph replays draw fresh seeds)
-                    sd = tl.load(seed)
-                else:
-                    sd = seed
-                # one Philox call yields four 32-bit numbers, each split into two 16-bit uniforms: draw per
-                # (group, 4 lanes) and spread the 32 uniforms over the group's 32 elements (a fixed bijection),
-                # an eighth of tl.rand's work. 16 bits resolve P(up) to 2^-16 of a grid gap (a bias below
-                # 1.5e-5 of the gap, far under bf16's input rounding); the generator was the SR kernel's cost
-                offs4 = gid[:, None] * 4 + tl.arange(0, 4)[None, :]
-                r0, r1, r2, r3 = tl.randint4x(sd, offs4)
-                rr = tl.join(tl.join(r0, r1), tl.join(r2, r3))
-                rr = tl.reshape(tl.join(rr & 0xFFFF, rr >> 16), (G, 32))
-                rnd = rr.to(tl.float32) * 1.52587890625e-05  # 16 bits -> [0, 1)
-                # grid spacing of E2M1 around a (0.5 below 2, 1 below 4, then 2) and its inverse, by
-                # selects rather than a division (the kernel is instruction bound)
-                big = a >= 4.0
-                mid = a >= 2.0
-                inv = tl.where(big, 0.5, tl.where(mid, 1.0, 2.0))
-                step = tl.where(big, 2.0, tl.where(mid, 1.0, 0.5))
-                lo = tl.floor(a * inv) * step
-                up = rnd < (a - lo) * inv
-                q = tl.minimum(tl.where(up, lo + step, lo), 6.0)
-            else:
-                q = _rtn_e2m1(a)
-            neg = yq < 0
-            out_offs = rows[:, None].to(tl.int64) * K + kk
-
-            if WRITE_MASK:
-                keep = (a < 6.0) & ~nan_g[:, None]
-                if MASK_BITS:
-                    # one 32-bit word per group, bit c = element c: an eighth of the int8 mask's bytes, written
-                    # here and read by the backward's inverse rotation (distinct powers of two: the sum is an OR)
-                    words = tl.sum(keep.to(tl.int32) << c[None, :], axis=1)
-                    tl.store(mask_ptr + rows.to(tl.int64) * (K // 32) + k0 // 32, words, mask=rmask)
-                else:
-                    tl.store(mask_ptr + out_offs, keep.to(tl.int8), mask=inb)
-            if WRITE_DEQ:
-                if RULE == 1:
-                    deq = (tl.where(neg, -q, q) * _exp2i(e)[:, None]) * 1.3333333333333333
-                else:
-                    deq = tl.where(neg, -q, q) * (_exp2i(e) * gnan)[:, None]
-                tl.store(deq_ptr + out_offs, deq.to(deq_ptr.dtype.element_ty), mask=inb)
-            if MODE == 1:
-                mag = tl.where(q < 2.0, q * 2.0, tl.where(q < 4.0, q + 2.0, tl.where(q < 5.0, 6.0, 7.0)))
-                code = mag.to(tl.int32) | tl.where(neg & (q > 0.0), 8, 0)
-                code = tl.where(nan_g[:, None], 0, code)  # the group's E8M0 code 255 (e = 128) makes it NaN
-                lo_c, hi_c = tl.split(tl.reshape(code, (G, 16, 2)))
-                packed = (lo_c | (hi_c << 4)).to(tl.uint8)
-                c16 = tl.arange(0, 16)
-                pdst = codes_ptr + rows[:, None].to(tl.int64) * (K // 2) + (k0 // 2)[:, None] + c16[None, :]
-                tl.store(pdst, packed, mask=rmask[:, None] & (c16[None, :] < 16))
-                e8 = tl.where(nan_g, 255, e + 127)
-                tl.store(scale_ptr + rows.to(tl.int64) * (K // 32) + k0 // 32, e8.to(tl.uint8), mask=rmask)
-            if MODE == 4:
-                # one-pass FP8 fold, stage 1: the signed E2M1 value (exact in either FP8 format) goes
-                # to the FP8 buffer and the group exponent to an int8 side buffer; _fp8_fold_kernel
-                # scales them in place once every row's largest exponent is known (a cheap pass)
-                sq4 = tl.where(neg, -q, q) * gnan[:, None]
-                tl.store(fp8_ptr + out_offs, _to_fp8_nan(sq4, fp8_ptr.dtype.element_ty), mask=inb)
-                tl.store(scale_ptr + rows.to(tl.int64) * (K // 32) + k0 // 32, e.to(tl.int8), mask=rmask)
-            if MODE == 5:
-                # FP8 with one scale per 1x128 (SCALE_BR=1) or 128x128 (SCALE_BR=128) block, the
-                # block-wise recipes of F.scaled_mm: the tile is exactly one block wide (BLOCK_K=128),
-                # so the block's largest group exponent is known here and no second pass is needed
-                if SCALE_BR == 1:
+                r_loc = g // NJ
+                j_loc = g % NJ
+            rows = row0 + r_loc
+            k0 = pid_k * BLOCK_K + j_loc * 32
+            c = tl.arange(0, 32)
+            rmask = rows < R
+            inb = rmask[:, None] & (c[None, :] < 32)
+            kk = k0[:, None] + c[None, :]
+            src = x_ptr + rows[:, None].to(tl.int64) * stride_r + kk.to(tl.int64) * stride_k
+            xg = tl.load(src, mask=inb, other=0.0)
+            if CAST_BF16:
+                # a float32 operand (training's master weight) rounded to bf16 as it is loaded: the layer's
+                # `.to(torch.bfloat16)` without its own kernel and copy
+                xg = _to_bf16(xg)
+            if IN_SCALE == 1:  # one input scale per logical row (FP8-stored operand read along its rows)
+                xg = xg.to(tl.float32) * tl.load(in_scale_ptr + rows, mask=rmask, other=0.0)[:, None]
+            elif IN_SCALE == 2:  # one input scale per logical column (read along its columns)
+                xg = xg.to(tl.float32) * tl.load(in_scale_ptr + kk)
+            elif IN_SCALE == 3:
+                # a block-scaled FP8 operand: one scale per (stored row // IN_BR, stored column // 128)
+                if IN_T and IN_SCALE_VEC:
+                    # the scale of element (g, c) depends only on its stored row k0(g) + c: one load per stored row
+                    # of the tile (BLOCK_K), broadcast over the tile's groups (the tile lies inside one 128-block of
+                    # stored columns: BLOCK_R divides 128)
+                    kv = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
+                    sv = tl.load(in_scale_ptr + (kv // IN_BR) * in_s0 + (row0 // 128) * in_s1)
+                    s3 = tl.reshape(sv, (NJ, 1, 32))
                     if COL_ORDER:
-                        eb = tl.max(tl.reshape(e_fold, (NJ, BLOCK_R)), axis=0)
-                        eg = tl.reshape(tl.broadcast_to(eb[None, :], (NJ, BLOCK_R)), (G,))
+                        sg = tl.reshape(tl.broadcast_to(s3, (NJ, BLOCK_R, 32)), (G, 32))
                     else:
-                        eb = tl.max(tl.reshape(e_fold, (BLOCK_R, NJ)), axis=1)
-                        eg = tl.reshape(tl.broadcast_to(eb[:, None], (BLOCK_R, NJ)), (G,))
+                        sg = tl.reshape(tl.broadcast_to(tl.reshape(sv, (1, NJ, 32)), (BLOCK_R, NJ, 32)), (G, 32))
+                    xg = xg.to(tl.float32) * sg
+                elif IN_T:
+                    s_off = (kk // IN_BR) * in_s0 + (rows // 128)[:, None] * in_s1
+                    xg = xg.to(tl.float32) * tl.load(in_scale_ptr + s_off, mask=inb, other=0.0)
                 else:
-                    eb = tl.max(e_fold, axis=0)
-                    eg = eb
-                _fold_store_fp8(tl.where(neg, -q, q), e, eg, fp8_ptr, out_offs, inb, flush_ptr, FP8_SHIFT, gnan,
-                                g_valid, FP8_MIN_D)
-                sc = _exp2_wide(eb - FP8_SHIFT) * FACTOR  # the block scale 2^(e_blk − shift)·factor
-                if SCALE_BR == 1:
-                    # stored (K/128, R) row-major: the (R, K/128) column-major view F.scaled_mm wants
-                    rr_ = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
-                    tl.store(bscale_ptr + pid_k.to(tl.int64) * R + rr_, sc, mask=rr_ < R)
+                    s_off = (rows // IN_BR)[:, None] * in_s0 + (kk // 128) * in_s1
+                    xg = xg.to(tl.float32) * tl.load(in_scale_ptr + s_off, mask=inb, other=0.0)
+
+            # ---- rotation: (x ⊙ signs) @ H±1, then 1/sqrt(32) -----------------------------------------
+            if HADAMARD:
+                h = tl.load(h_ptr + c[:, None] * 32 + c[None, :])
+                if HAS_SIGNS == 1:
+                    sg = tl.load(signs_ptr + c)
+                elif HAS_SIGNS == 2:
+                    # signs passed by value as a 32-bit mask (bit i set: sign i is -1): no host-to-device copy
+                    sg = 1.0 - 2.0 * ((signs_bits >> c) & 1).to(tl.float32)
+                if HAS_SIGNS != 0:
+                    h = h * sg[:, None]  # diag(s) @ H: still ±1, so the products stay exact
+                if DOT_BF16 == 1:
+                    y = tl.dot(xg.to(tl.bfloat16), h.to(tl.bfloat16), out_dtype=tl.float32)
+                elif DOT_BF16 == 2:
+                    # float32 input on the GPU: three bf16 slices hold all 24 bits; each ±1 dot is exact
+                    hb = h.to(tl.bfloat16)
+                    x32 = xg.to(tl.float32)
+                    b1 = x32.to(tl.bfloat16)
+                    r1 = x32 - b1.to(tl.float32)
+                    b2 = r1.to(tl.bfloat16)
+                    b3 = (r1 - b2.to(tl.float32)).to(tl.bfloat16)
+                    y = tl.dot(b1, hb, out_dtype=tl.float32)
+                    y += tl.dot(b2, hb, out_dtype=tl.float32)
+                    y += tl.dot(b3, hb, out_dtype=tl.float32)
                 else:
-                    # stored (R/128, bscale_ld) row-major, K blocks padded to a multiple of 4
-                    tl.store(bscale_ptr + pid_r * bscale_ld + pid_k, sc)
-            if MODE == 3:
-                er = tl.load(rowexp_ptr + rows, mask=rmask, other=0)
-                _fold_store_fp8(tl.where(neg, -q, q), e, er, fp8_ptr, out_offs, inb, flush_ptr, FP8_SHIFT, gnan,
-                                g_valid, FP8_MIN_D)
+                    y = tl.dot(xg.to(tl.float32), h.to(tl.float32), input_precision="ieee")
+                y = y * 0.17677669529663687
+            else:
+                y = xg.to(tl.float32)
+
+            # ---- group scale exponent (exact floor(log2 v) from the float bits) ---------------------------
+            if RULE == 0:
+                # two-pass population std (mean first); the oracle uses the one-pass sqrt(E[y²] − E[y]²), which
+                # agrees after the power-of-two floor (see quartet.quant.mx.quest_scales)
+                mean = tl.sum(y, axis=1) / 32.0
+                dev_ = y - mean[:, None]
+                var = tl.sum(dev_ * dev_, axis=1) / 32.0
+                sd = 0.48707976 * tl.sqrt_rn(var)
+                ovf = (var != var) | (var > 3.4028234663852886e38)
+                if tl.max(ovf.to(tl.int32), axis=0) > 0:
+                    # rare: some group's squares overflowed float32 (|y| ≳ 1e19) or it holds Inf/NaN. Redo those
+                    # groups scaled by 2^-72 (exact), as the oracle; Inf/NaN stay non-finite (NaN scale below)
+                    ys = y * tl.where(ovf, 2.117582368135751e-22, 1.0)[:, None]
+                    mean_s = tl.sum(ys, axis=1) / 32.0
+                    dev_s = ys - mean_s[:, None]
+                    var_s = tl.sum(dev_s * dev_s, axis=1) / 32.0
+                    sd = tl.where(ovf, (0.48707976 * tl.sqrt_rn(var_s)) * 4.722366482869645e21, sd)
+                v = sd + 1e-8
+                e = ((v.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127  # 128 where v is Inf/NaN: E8M0 code 255
+            else:
+                v = tl.max(tl.abs(y), axis=1)
+                e = ((v.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127 - 2
+                # clamped to E8M0's range after the −2 (amax < 2^-124 → 2^-127); all-zero group: 2^-2 as the oracle
+                e = tl.where(v > 0.0, tl.maximum(e, -127), -2)
+            # a QuEST group with a non-finite σ (it holds Inf/NaN): NaN values, mask False, E8M0 NaN, FP8 NaN
+            nan_g = e > 127
+            e = tl.minimum(e, 127)
+            gnan = tl.where(nan_g, float("nan"), 1.0)  # multiplies a group's scale: NaN values without a per-element select
+
+            # the exponent a group contributes to its row's / block's FP8 fold exponent: all-zero groups
+            # (padding, dead units) and rows past the end must not raise it (absmax gives them 2^-2). A
+            # row/block with no such group keeps -127; the fold then clamps d to the shift (its values are 0)
+            g_valid = rmask & ((RULE == 0) | (v > 0.0)) & ~nan_g
+            e_fold = tl.where(g_valid, e, -127)
+            if MODE == 2 or MODE == 4:
+                # the FP8 fold needs the largest group exponent of each output row
+                if COL_ORDER:
+                    er = tl.max(tl.reshape(e_fold, (NJ, BLOCK_R)), axis=0)
+                else:
+                    er = tl.max(tl.reshape(e_fold, (BLOCK_R, NJ)), axis=1)
+                rr_ = row0 + tl.arange(0, BLOCK_R)
+                tl.atomic_max(rowexp_ptr + rr_, er, mask=rr_ < R)
+            if MODE != 2:
+                # ---- scale and round ------------------------------------------------------------------
+                if RULE == 1:
+                    # oracle order: divide by the exact power of two, then multiply by 3/4 (one rounding)
+                    yq = (y * _exp2i(-e)[:, None]) * 0.75
+                else:
+                    yq = y * _exp2i(-e)[:, None]  # exact: power-of-two scale
+                a = tl.abs(yq)
+                if STOCHASTIC:
+                    gid = rows * (K // 32) + k0 // 32
+                    if SEED_PTR:  # the seed lives on the device (CUDA-graph replays draw fresh seeds)
+                        sd = tl.load(seed)
+                    else:
+                        sd = seed
+                    # one Philox call yields four 32-bit numbers, each split into two 16-bit uniforms: draw per
+                    # (group, 4 lanes) and spread the 32 uniforms over the group's 32 elements (a fixed bijection),
+                    # an eighth of tl.rand's work. 16 bits resolve P(up) to 2^-16 of a grid gap (a bias below
+                    # 1.5e-5 of the gap, far under bf16's input rounding); the generator was the SR kernel's cost
+                    offs4 = gid[:, None] * 4 + tl.arange(0, 4)[None, :]
+                    r0, r1, r2, r3 = tl.randint4x(sd, offs4)
+                    rr = tl.join(tl.join(r0, r1), tl.join(r2, r3))
+                    rr = tl.reshape(tl.join(rr & 0xFFFF, rr >> 16), (G, 32))
+                    rnd = rr.to(tl.float32) * 1.52587890625e-05  # 16 bits -> [0, 1)
+                    # grid spacing of E2M1 around a (0.5 below 2, 1 below 4, then 2) and its inverse, by
+                    # selects rather than a division (the kernel is instruction bound)
+                    big = a >= 4.0
+                    mid = a >= 2.0
+                    inv = tl.where(big, 0.5, tl.where(mid, 1.0, 2.0))
+                    step = tl.where(big, 2.0, tl.where(mid, 1.0, 0.5))
+                    lo = tl.floor(a * inv) * step
+                    up = rnd < (a - lo) * inv
+                    q = tl.minimum(tl.where(up, lo + step, lo), 6.0)
+                else:
+                    q = _rtn_e2m1(a)
+                neg = yq < 0
+                out_offs = rows[:, None].to(tl.int64) * K + kk
+
+                if WRITE_MASK:
+                    keep = (a < 6.0) & ~nan_g[:, None]
+                    if MASK_BITS:
+                        # one 32-bit word per group, bit c = element c: an eighth of the int8 mask's bytes, written
+                        # here and read by the backward's inverse rotation (distinct powers of two: the sum is an OR)
+                        words = tl.sum(keep.to(tl.int32) << c[None, :], axis=1)
+                        tl.store(mask_ptr + rows.to(tl.int64) * (K // 32) + k0 // 32, words, mask=rmask)
+                    else:
+                        tl.store(mask_ptr + out_offs, keep.to(tl.int8), mask=inb)
+                if WRITE_DEQ:
+                    if RULE == 1:
+                        deq = (tl.where(neg, -q, q) * _exp2i(e)[:, None]) * 1.3333333333333333
+                    else:
+                        deq = tl.where(neg, -q, q) * (_exp2i(e) * gnan)[:, None]
+                    tl.store(deq_ptr + out_offs, deq.to(deq_ptr.dtype.element_ty), mask=inb)
+                if MODE == 1:
+                    mag = tl.where(q < 2.0, q * 2.0, tl.where(q < 4.0, q + 2.0, tl.where(q < 5.0, 6.0, 7.0)))
+                    code = mag.to(tl.int32) | tl.where(neg & (q > 0.0), 8, 0)
+                    code = tl.where(nan_g[:, None], 0, code)  # the group's E8M0 code 255 (e = 128) makes it NaN
+                    lo_c, hi_c = tl.split(tl.reshape(code, (G, 16, 2)))
+                    packed = (lo_c | (hi_c << 4)).to(tl.uint8)
+                    c16 = tl.arange(0, 16)
+                    pdst = codes_ptr + rows[:, None].to(tl.int64) * (K // 2) + (k0 // 2)[:, None] + c16[None, :]
+                    tl.store(pdst, packed, mask=rmask[:, None] & (c16[None, :] < 16))
+                    e8 = tl.where(nan_g, 255, e + 127)
+                    tl.store(scale_ptr + rows.to(tl.int64) * (K // 32) + k0 // 32, e8.to(tl.uint8), mask=rmask)
+                if MODE == 4:
+                    # one-pass FP8 fold, stage 1: the signed E2M1 value (exact in either FP8 format) goes
+                    # to the FP8 buffer and the group exponent to an int8 side buffer; _fp8_fold_kernel
+                    # scales them in place once every row's largest exponent is known (a cheap pass)
+                    sq4 = tl.where(neg, -q, q) * gnan[:, None]
+                    tl.store(fp8_ptr + out_offs, _to_fp8_nan(sq4, fp8_ptr.dtype.element_ty), mask=inb)
+                    tl.store(scale_ptr + rows.to(tl.int64) * (K // 32) + k0 // 32, e.to(tl.int8), mask=rmask)
+                if MODE == 5 and SPLIT > 1:
+                    # one slice of a 128x128 block: its fold exponent is known only after the last slice, so the
+                    # signed E2M1 values (exact in FP8) and the groups' fold exponents are stored as they are;
+                    # _fold_block_in_place rescales them once the block is done (the slices are still in L2)
+                    sq5 = tl.where(neg, -q, q) * gnan[:, None]
+                    tl.store(fp8_ptr + out_offs, _to_fp8_nan(sq5, fp8_ptr.dtype.element_ty), mask=inb)
+                    tl.store(scale_ptr + rows.to(tl.int64) * (K // 32) + k0 // 32, e_fold.to(tl.int8), mask=rmask)
+                elif MODE == 5:
+                    # FP8 with one scale per 1x128 (SCALE_BR=1) or 128x128 (SCALE_BR=128) block, the
+                    # block-wise recipes of F.scaled_mm: the tile is exactly one block wide (BLOCK_K=128),
+                    # so the block's largest group exponent is known here and no second pass is needed
+                    if SCALE_BR == 1:
+                        if COL_ORDER:
+                            eb = tl.max(tl.reshape(e_fold, (NJ, BLOCK_R)), axis=0)
+                            eg = tl.reshape(tl.broadcast_to(eb[None, :], (NJ, BLOCK_R)), (G,))
+                        else:
+                            eb = tl.max(tl.reshape(e_fold, (BLOCK_R, NJ)), axis=1)
+                            eg = tl.reshape(tl.broadcast_to(eb[:, None], (BLOCK_R, NJ)), (G,))
+                    else:
+                        eb = tl.max(e_fold, axis=0)
+                        eg = eb
+                    _fold_store_fp8(tl.where(neg, -q, q), e, eg, fp8_ptr, out_offs, inb, flush_ptr, FP8_SHIFT, gnan,
+                                    g_valid, FP8_MIN_D)
+                    sc = _exp2_wide(eb - FP8_SHIFT) * FACTOR  # the block scale 2^(e_blk − shift)·factor
+                    if SCALE_BR == 1:
+                        # stored (K/128, R) row-major: the (R, K/128) column-major view F.scaled_mm wants
+                        rr_ = row0 + tl.arange(0, BLOCK_R)
+                        tl.store(bscale_ptr + pid_k.to(tl.int64) * R + rr_, sc, mask=rr_ < R)
+                    else:
+                        # stored (R/128, bscale_ld) row-major, K blocks padded to a multiple of 4
+                        tl.store(bscale_ptr + pid_r * bscale_ld + pid_k, sc)
+                if MODE == 3:
+                    er = tl.load(rowexp_ptr + rows, mask=rmask, other=0)
+                    _fold_store_fp8(tl.where(neg, -q, q), e, er, fp8_ptr, out_offs, inb, flush_ptr, FP8_SHIFT, gnan,
+                                    g_valid, FP8_MIN_D)
+        if SPLIT > 1:
+            _fold_block_in_place(fp8_ptr, scale_ptr, flush_ptr, bscale_ptr, bscale_ld, R, K, pid_r, pid_k, FP8_SHIFT,
+                                 FACTOR, FP8_MIN_D, BLOCK_R, SPLIT)
 
     @triton.jit
     def _fp8_fold_kernel(fp8_ptr, gexp_ptr, rowexp_ptr, flush_ptr, rowscale_ptr, R, K,
@@ -548,6 +608,10 @@ GPU_BLOCK = (32, 128, 4)  # best overall on H200 (the FP8-fold recipes slow down
 #: per setting). The tile's registers allow one 8-warp program per SM, so more warps is the only way to more
 #: occupancy. ``QUARTET_QBLOCK128_WARPS`` overrides it (the sweep).
 BLOCK128_WARPS = int(os.environ.get("QUARTET_QBLOCK128_WARPS", "16"))
+#: row slices of a ``fp8_block=128`` program: 1 runs the 128×128 block as one 16-warp tile (rounds 5–7); ``n`` > 1 as
+#: ``n`` tiles of 128/n rows one after the other in a 4-warp program, each storing its E2M1 values and group exponents,
+#: then one in-place fold by the block's exponent (the values are still in L2). ``QUARTET_QBLOCK128_SPLIT`` overrides it.
+BLOCK128_SPLIT = int(os.environ.get("QUARTET_QBLOCK128_SPLIT", "4"))
 #: Caps on the registers per thread of the block-scaled FP8 launches (ptxas ``.maxnreg``; the fused layer's recipes),
 #: by launch kind: ``"1x128"`` / ``"128x128"`` the tile of ``fp8_block=1`` / ``128``, `` T`` a transposed read
 #: (``axis=0``); None lets ptxas choose. Registers set these kernels' occupancy (65536 per SM): uncapped, the 1×128
@@ -751,11 +815,21 @@ def mx_quantize(
             raise ValueError(f"block-scaled FP8 needs the group axis to be a multiple of 128, got {K}")
         # one program per scale block along K; 128 rows per program for 128x128 blocks
         bk = 128
+        split = 1
         if fp8_block == 128:
-            br = 128
-            warps = BLOCK128_WARPS if dev.type == "cuda" else warps
-        grid = (triton.cdiv(R, br), K // bk)
-        common.update(BLOCK_R=br, BLOCK_K=bk, num_warps=warps, SCALE_BR=fp8_block, FACTOR=float(out.factor))
+            split = BLOCK128_SPLIT
+            if split not in (1, 2, 4, 8):
+                raise ValueError(f"BLOCK128_SPLIT must be 1, 2, 4 or 8 (row slices of a 128x128 block), got {split!r}")
+            br = 128 // split
+            if split == 1:
+                warps = BLOCK128_WARPS if dev.type == "cuda" else warps
+            elif dev.type == "cuda":
+                warps = GPU_BLOCK[2]
+            # a sliced block keeps its slices' group fold exponents here until the block's own is known
+            e8_t = torch.empty(R, K // 32, device=dev, dtype=torch.int8) if split > 1 else e8_t
+        grid = (triton.cdiv(R, br * split), K // bk)
+        common.update(BLOCK_R=br, BLOCK_K=bk, num_warps=warps, SCALE_BR=fp8_block, FACTOR=float(out.factor),
+                      SPLIT=split)
         scale_rows = fp8_block
     # a block-scaled FP8 input read transposed: its scale depends on the element's stored row alone when the tile lies
     # inside one 128-block of stored columns, so the kernel loads one scale per stored row, not one per element

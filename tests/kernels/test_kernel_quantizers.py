@@ -429,13 +429,14 @@ def test_cast_bf16_reads_float32_as_its_bf16_rounding():
 
 
 def _assert_same_outputs(ref, got, attrs, ctx):
-    """Two :class:`QuantizedOperand` s hold the same ``attrs``: both absent, or equal (1-byte FP8 values bit for bit)."""
+    """Two :class:`QuantizedOperand` s hold the same ``attrs``: both absent, or equal bit for bit (NaN included)."""
+    bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
     for attr in attrs:
         u, v = getattr(ref, attr), getattr(got, attr)
         assert (u is None) == (v is None), (ctx, attr)
         if u is not None:
-            assert torch.equal(u.view(torch.uint8) if u.dtype.itemsize == 1 else u,
-                               v.view(torch.uint8) if v.dtype.itemsize == 1 else v), (ctx, attr)
+            assert u.dtype == v.dtype and torch.equal(u.view(bits[u.dtype.itemsize]), v.view(bits[v.dtype.itemsize])), \
+                (ctx, attr)
 
 
 @pytest.mark.skipif(DEV != "cuda", reason="the register cap is a ptxas option: the CPU interpreter has no registers")
@@ -541,3 +542,48 @@ def test_transposed_fp8_input_scales_per_row_change_nothing(blk, monkeypatch):
             monkeypatch.setattr(tq, "IN_SCALE_PER_ROW", per_row)
             out[per_row] = tq.mx_quantize(q.fp8, **base, **kw)
         _assert_same_outputs(out[False], out[True], ("deq", "fp8", "block_scale", "row_scale", "flushed"), kw)
+
+
+def test_a_sliced_128x128_block_changes_nothing(monkeypatch):
+    """``BLOCK128_SPLIT``: a 128×128-block program run as row slices that store E2M1 values and group exponents, then
+    fold in place by the block's exponent, gives bitwise the one-piece tile's outputs — FP8 values, block scales, masks,
+    the flush count — for the fused layer's three 128×128 recipes (W fwd, Ŵᵀ and X̂ᵀ read back from FP8, RTN and SR), on
+    blocks that flush (groups 40 binades apart), hold zero groups and rows, a NaN/Inf group, and (direct reads) a last
+    block cut short (R not a multiple of 128)."""
+    g = torch.Generator().manual_seed(88)
+    R, K = (200, 256) if DEV == "cpu" else (1000, 2048)
+    x = torch.randn(R, K, generator=g) * torch.exp(2 * torch.randn(R, 1, generator=g))
+    x[:, :32] *= 2.0 ** 20
+    x[:, 32:64] *= 2.0 ** -20       # with the first group: flushes inside e4m3's range
+    x[:, 128:160] = 0.0             # a zero group in every row of the second block column
+    x[5:9, :] = 0.0                 # zero rows
+    x[130, 200:203] = torch.tensor([float("nan"), float("inf"), -float("inf")])
+    x = x.to(DEV)
+    xb = x.to(torch.bfloat16)
+    # the saved FP8 operands the backward reads transposed (their stored rows are the new group axis: whole blocks)
+    xs = xb[:128 * (R // 128)]
+    fwd1 = tq.mx_quantize(xs, rule="quest", mask=True, deq=False, fp8="e4m3", fp8_block=1)
+    fwd128 = tq.mx_quantize(xs, rule="quest", mask=True, deq=False, fp8="e4m3", fp8_block=128)
+    rtn = dict(rule="absmax", axis=0, signs=0x5A5A5A5A, fp8="e4m3", fp8_block=128, deq=False)
+    recipes = {
+        "W fwd": (x, dict(rule="quest", mask=True, mask_bits=True, cast_bf16=True, fp8="e4m3", fp8_block=128,
+                          deq=False)),
+        "W fwd e5m2": (xb, dict(rule="quest", mask=True, fp8="e5m2", fp8_block=128, deq=False)),
+        "Wt from FP8": (fwd128.fp8, dict(in_scale=fwd128.block_scale, in_scale_rows=128, **rtn)),
+        "Xt from FP8": (fwd1.fp8, dict(in_scale=fwd1.block_scale, in_scale_rows=1, **rtn)),
+        "Xt SR": (fwd1.fp8, dict(in_scale=fwd1.block_scale, in_scale_rows=1, stochastic=True, seed=5, **rtn)),
+        "E direct": (xb, dict(rule="absmax", signs=3, fp8="e4m3", fp8_block=128)),
+    }
+    for name, (t, kw) in recipes.items():
+        out = {}
+        for split in (1, 2, 4, 8):
+            monkeypatch.setattr(tq, "BLOCK128_SPLIT", split)
+            out[split] = tq.mx_quantize(t, **kw)
+        for split in (2, 4, 8):
+            _assert_same_outputs(out[1], out[split], ("deq", "mask", "mask_bits", "fp8", "block_scale", "flushed"),
+                                 (name, split))
+        if name == "W fwd":
+            assert out[1].flushed.item() > 0  # the flush path ran
+    monkeypatch.setattr(tq, "BLOCK128_SPLIT", 3)
+    with pytest.raises(ValueError, match="BLOCK128_SPLIT"):
+        tq.mx_quantize(xb, rule="absmax", fp8="e4m3", fp8_block=128)
