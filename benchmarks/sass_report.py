@@ -41,7 +41,8 @@ POINTERS = dict(x_ptr="bf16", in_scale_ptr="fp32", signs_ptr="fp32", h_ptr="fp32
 INTS = dict(R=R, K=K, stride_r=K, stride_k=1, in_s0=0, in_s1=0, bscale_ld=0, seed=12345, signs_bits=7)
 BASE = dict(RULE=0, STOCHASTIC=False, HADAMARD=True, HAS_SIGNS=0, MODE=5, WRITE_MASK=True, WRITE_DEQ=False,
             DOT_BF16=1, IN_SCALE=0, COL_ORDER=False, FP8_SHIFT=6, SEED_PTR=False, BLOCK_R=32, BLOCK_K=128, IN_T=False,
-            IN_BR=1, SCALE_BR=1, FACTOR=1.0, CAST_BF16=False, FP8_MIN_D=-8, MASK_BITS=True, IN_SCALE_VEC=False)
+            IN_BR=1, SCALE_BR=1, FACTOR=1.0, CAST_BF16=False, FP8_MIN_D=-8, MASK_BITS=True, IN_SCALE_VEC=False,
+            SPLIT=1)
 #: transposed read of a (T, N) tensor: logical rows are stored columns (stride 1)
 _T = dict(R=K, K=R, stride_r=1, stride_k=K)
 #: name -> (pointer overrides, int overrides, constexpr overrides, warps): the six calls of one layer step + SR
@@ -123,7 +124,7 @@ def analyse(kernel, elems_per_thread: float, sass_path: Path | None = None) -> d
                               check=True).stdout
     if sass_path is not None:
         sass_path.write_text(sass)
-    ops = re.findall(r"^\s+/\*[0-9a-f]{4}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z0-9_]+)", sass, re.M)
+    ops = re.findall(r"^\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z0-9_]+)", sass, re.M)
     mem = re.findall(r"\b((?:LDG|STG|LDS|STS|LDSM|STSM|LDL|STL)[.A-Z0-9_]*)", sass)
     regs = int(re.search(r"REG:(\d+)", res).group(1))
     local = int(re.search(r"LOCAL:(\d+)", res).group(1))

@@ -158,24 +158,25 @@ if HAS_TRITON:
                              SHIFT: tl.constexpr, FACTOR: tl.constexpr, MIN_D: tl.constexpr, BLOCK_R: tl.constexpr,
                              SPLIT: tl.constexpr):
         """The end of a 128×128 block quantized in ``SPLIT`` slices: ``±q → fp8(±q · 2^(e_g − e_blk + shift))`` in place
-        and the block scale ``2^(e_blk − shift)·factor``, with ``e_blk`` the largest of the block's fold exponents
-        (``gexp``: ``-127`` for a group that may not raise it). The same values and flush count as the one-piece
-        tile; the per-element flush check runs only in a block whose smallest fold exponent is more than the
-        format's range below ``e_blk`` (a group there may flush; a -127 group, all zero or NaN, cannot but is
-        checked too)."""
+        and the block scale ``2^(e_blk − shift)·factor``, with ``e_blk`` the largest of the block's group exponents
+        (``gexp``; ``-128`` marks a group that may not raise it: all zero, non-finite or past the last row — its
+        values are zeros or NaN, or, on the GPU, what an absmax group of NaN rounds to, folded with the exponent
+        ``-2`` such a group has in the one-piece tile). The same values and flush count as the one-piece tile; the
+        per-element flush check runs, over the whole block as there, only where an unmarked group's exponent is more
+        than the format's range below ``e_blk`` (a group that may flush)."""
         # the slices' stores by other threads of the program are visible after the barrier
         tl.debug_barrier()
         NG: tl.constexpr = BLOCK_R * SPLIT * 4
         gb = tl.arange(0, NG)
         brow = pid_r * (BLOCK_R * SPLIT) + gb // 4
-        ge = tl.load(gexp_ptr + brow.to(tl.int64) * (K // 32) + pid_k * 4 + gb % 4, mask=brow < R, other=-127)
+        ge = tl.load(gexp_ptr + brow.to(tl.int64) * (K // 32) + pid_k * 4 + gb % 4, mask=brow < R, other=-128)
         ge = ge.to(tl.int32)
-        e_blk = tl.max(ge, axis=0)
-        check = tl.min(ge, axis=0) - e_blk + SHIFT < MIN_D
+        e_blk = tl.maximum(tl.max(ge, axis=0), -127)  # a block of marked groups only: -127, as the one-piece tile
+        check = tl.min(tl.where(ge == -128, 127, ge), axis=0) - e_blk + SHIFT < MIN_D
         G: tl.constexpr = BLOCK_R * 4
         g = tl.arange(0, G)
         c = tl.arange(0, 32)
-        for sub in tl.static_range(SPLIT):
+        for sub in tl.range(0, SPLIT, num_stages=1):
             rows = (pid_r * SPLIT + sub) * BLOCK_R + g // 4
             k0 = pid_k * 128 + (g % 4) * 32
             rmask = rows < R
@@ -185,6 +186,7 @@ if HAS_TRITON:
             # NaN stored as 0x7F decoded from the bits (the CPU interpreter's cast is not trusted with it)
             q = tl.where((q8.to(tl.uint8, bitcast=True) & 0x7F) == 0x7F, float("nan"), q8.to(tl.float32))
             e = tl.load(gexp_ptr + rows.to(tl.int64) * (K // 32) + k0 // 32, mask=rmask, other=0).to(tl.int32)
+            e = tl.where(e == -128, -2, e)
             d = tl.minimum(e - e_blk + SHIFT, SHIFT)
             val = q * _exp2i(tl.maximum(d, -126))[:, None]
             f8 = _to_fp8_nan(val, fp8_ptr.dtype.element_ty)
@@ -214,7 +216,7 @@ if HAS_TRITON:
         G: tl.constexpr = BLOCK_R * NJ
         pid_r = tl.program_id(0)
         pid_k = tl.program_id(1)
-        for sub in tl.static_range(SPLIT):
+        for sub in tl.range(0, SPLIT, num_stages=1):
             # SPLIT > 1: the program's 128-row block in SPLIT slices of BLOCK_R rows (see _fold_block_in_place)
             row0 = (pid_r * SPLIT + sub) * BLOCK_R
             g = tl.arange(0, G)
@@ -408,7 +410,9 @@ if HAS_TRITON:
                     # _fold_block_in_place rescales them once the block is done (the slices are still in L2)
                     sq5 = tl.where(neg, -q, q) * gnan[:, None]
                     tl.store(fp8_ptr + out_offs, _to_fp8_nan(sq5, fp8_ptr.dtype.element_ty), mask=inb)
-                    tl.store(scale_ptr + rows.to(tl.int64) * (K // 32) + k0 // 32, e_fold.to(tl.int8), mask=rmask)
+                    # -128 marks a group that may not raise the block's exponent (see _fold_block_in_place)
+                    tl.store(scale_ptr + rows.to(tl.int64) * (K // 32) + k0 // 32, tl.where(g_valid, e, -128).to(tl.int8),
+                             mask=rmask)
                 elif MODE == 5:
                     # FP8 with one scale per 1x128 (SCALE_BR=1) or 128x128 (SCALE_BR=128) block, the
                     # block-wise recipes of F.scaled_mm: the tile is exactly one block wide (BLOCK_K=128),
