@@ -22,7 +22,7 @@ clocks. A figure is the median with p10/p90; ratios are of medians taken under t
     python3 benchmarks/layer_variants.py --sections caps,layer --caps 0,96,64 --variants r128_bits,tuned,r128_bits_sr,tuned_sr
     python3 benchmarks/layer_variants.py --sections warps       # the 128x128 launches: warps vs programs per SM
     python3 benchmarks/layer_variants.py --sections inscale     # X̂ᵀ / Ŵᵀ: input scales per element vs per row
-    python3 benchmarks/layer_variants.py --sections split,layer --variants tuned,split4,tuned_sr,split4_sr
+    python3 benchmarks/layer_variants.py --sections split,layer --variants tuned,default,tuned_sr,default_sr
     python3 benchmarks/layer_variants.py --device cpu --smoke               # CPU interpreter: the code path only
 
 Prints a table last; ``--out`` gets the JSON (figures, per-variant kernel profile at 16384×4096×4096, provenance).
@@ -46,6 +46,11 @@ from quartet.kernels import linear as L  # noqa: E402
 from quartet.kernels import triton_quant as tq  # noqa: E402
 from quartet.kernels.timing import time_interleaved  # noqa: E402
 
+def _splits(n: int) -> dict:
+    """A slices table (``triton_quant.BLOCK128_SPLIT``) giving every 128×128 launch kind ``n`` row slices."""
+    return dict.fromkeys(tq.BLOCK128_SPLIT_MEASURED, n)
+
+
 def _caps(a: int | None, b: int | None) -> dict:
     """A register-cap table (``triton_quant.MAXNREG``): ``a`` for both 1×128 reads, ``b`` for both 128×128 reads."""
     return {"1x128": a, "1x128 T": a, "128x128": b, "128x128 T": b}
@@ -54,28 +59,28 @@ def _caps(a: int | None, b: int | None) -> dict:
 #: round 7's register caps (``triton_quant.MAXNREG_MEASURED`` as round 7 left it), chosen for the one-piece 128×128 tile
 ROUND7_CAPS = {"1x128": 96, "1x128 T": None, "128x128": None, "128x128 T": 64}
 #: variant name -> (RIGHT_BLOCK, MASK_BITS, stochastic backward, register-cap table ``triton_quant.MAXNREG``,
-#: ``triton_quant.BLOCK128_SPLIT``); every variant runs today's kernels (e.g. round 7's per-row input scales), so
+#: slices table ``triton_quant.BLOCK128_SPLIT``); every variant runs today's kernels (e.g. round 7's per-row input scales), so
 #: "round 5's / 6's layer" means its layout
 VARIANTS = {
-    "r128_bool": (128, False, False, _caps(None, None), 1),   # round 5's layer
-    "r128_bits": (128, True, False, _caps(None, None), 1),    # round 6's layer (nothing capped)
-    "r1_bits": (1, True, False, _caps(None, None), 1),
-    "r128_bool_sr": (128, False, True, _caps(None, None), 1),
-    "r128_bits_sr": (128, True, True, _caps(None, None), 1),
+    "r128_bool": (128, False, False, _caps(None, None), _splits(1)),   # round 5's layer
+    "r128_bits": (128, True, False, _caps(None, None), _splits(1)),    # round 6's layer (nothing capped)
+    "r1_bits": (1, True, False, _caps(None, None), _splits(1)),
+    "r128_bool_sr": (128, False, True, _caps(None, None), _splits(1)),
+    "r128_bits_sr": (128, True, True, _caps(None, None), _splits(1)),
     # round 7: register caps (1x128 tiles, 128x128 tiles); 96 spills nothing, 64 lets two 128x128 programs share an SM
-    "cap96": (128, True, False, _caps(96, None), 1),
-    "cap96_64": (128, True, False, _caps(96, 64), 1),
-    "cap80_64": (128, True, False, _caps(80, 64), 1),
-    "cap96_64_sr": (128, True, True, _caps(96, 64), 1),
+    "cap96": (128, True, False, _caps(96, None), _splits(1)),
+    "cap96_64": (128, True, False, _caps(96, 64), _splits(1)),
+    "cap80_64": (128, True, False, _caps(80, 64), _splits(1)),
+    "cap96_64_sr": (128, True, True, _caps(96, 64), _splits(1)),
     # round 7's layer: each launch kind's cap chosen from its caps section, the 128x128 blocks in one piece
-    "tuned": (128, True, False, dict(ROUND7_CAPS), 1),
-    "tuned_sr": (128, True, True, dict(ROUND7_CAPS), 1),
-    # round 8: the 128x128 blocks in 4 row slices of 32 (a 4-warp program), the 1x128 caps kept, the slices uncapped
-    "split4": (128, True, False, {**ROUND7_CAPS, "128x128": None, "128x128 T": None}, 4),
-    "split4_sr": (128, True, True, {**ROUND7_CAPS, "128x128": None, "128x128 T": None}, 4),
-    # today's defaults (triton_quant.MAXNREG_MEASURED and BLOCK128_SPLIT)
-    "default": (128, True, False, dict(tq.MAXNREG_MEASURED), tq.BLOCK128_SPLIT),
-    "default_sr": (128, True, True, dict(tq.MAXNREG_MEASURED), tq.BLOCK128_SPLIT),
+    "tuned": (128, True, False, dict(ROUND7_CAPS), _splits(1)),
+    "tuned_sr": (128, True, True, dict(ROUND7_CAPS), _splits(1)),
+    # round 8: every 128x128 block in 4 row slices of 32 (a 4-warp program, uncapped), the 1x128 caps kept
+    "split4": (128, True, False, dict(ROUND7_CAPS), _splits(4)),
+    "split4_sr": (128, True, True, dict(ROUND7_CAPS), _splits(4)),
+    # today's defaults (triton_quant.MAXNREG_MEASURED, BLOCK128_SPLIT_MEASURED: slices per launch kind)
+    "default": (128, True, False, dict(tq.MAXNREG_MEASURED), dict(tq.BLOCK128_SPLIT_MEASURED)),
+    "default_sr": (128, True, True, dict(tq.MAXNREG_MEASURED), dict(tq.BLOCK128_SPLIT_MEASURED)),
 }
 #: register caps of the ``caps`` section (0: uncapped, ptxas's choice)
 CAPS = (0, 96, 80, 64)
@@ -110,7 +115,7 @@ def _with_flags(name: str, fn):
     old = (L.RIGHT_BLOCK, L.MASK_BITS, tq.MAXNREG, tq.BLOCK128_SPLIT)
     if name in VARIANTS:
         rb, bits, _, caps, split = VARIANTS[name]
-        L.RIGHT_BLOCK, L.MASK_BITS, tq.MAXNREG, tq.BLOCK128_SPLIT = rb, bits, dict(caps), split
+        L.RIGHT_BLOCK, L.MASK_BITS, tq.MAXNREG, tq.BLOCK128_SPLIT = rb, bits, dict(caps), dict(split)
     try:
         return fn()
     finally:
@@ -294,7 +299,7 @@ def bench_block128_warps(T: int, K: int, N: int, dev: str, timing: dict) -> dict
     calls = _layer_calls(*_operands(T, K, N, dev, 3), 128, **BWD)
 
     def launch(fn, warps, cap):
-        return _with_quant_flags(lambda: fn(maxnreg=cap), BLOCK128_WARPS=warps, BLOCK128_SPLIT=1)  # the one-piece tile
+        return _with_quant_flags(lambda: fn(maxnreg=cap), BLOCK128_WARPS=warps, BLOCK128_SPLIT=_splits(1))  # one piece
 
     names = ("w_fwd", "wt_bwd", "xt_bwd")
     bitwise = {}
@@ -307,28 +312,31 @@ def bench_block128_warps(T: int, K: int, N: int, dev: str, timing: dict) -> dict
 
 
 #: (row slices, register cap) of the ``split`` section's 128×128-block launches: (1, None) is round 7's one-piece
-#: 16-warp tile under round 7's caps; 0 uncaps a sliced launch
-SPLIT_LAUNCHES = ((1, None), (2, 0), (4, 0), (8, 0), (4, 96), (4, 80), (8, 96), (2, 96))
+#: 16-warp tile under round 7's caps (``ROUND7_CAPS``); 0 runs a launch uncapped
+SPLIT_LAUNCHES = ((1, None), (2, 0), (4, 0), (8, 0), (4, 96), (8, 96))
 
 
 def bench_block128_split(T: int, K: int, N: int, dev: str, timing: dict) -> dict:
-    """The layer's 128×128-block calls (W forward, Ŵᵀ and X̂ᵀ backward, X̂ᵀ also with SR) as one 16-warp tile or in row
-    slices (``triton_quant.BLOCK128_SPLIT``) under register caps, interleaved; every launch's outputs checked bitwise
-    against the one-piece tile's (``bitwise`` in the JSON)."""
+    """The layer's 128×128-block calls (W forward, Ŵᵀ and X̂ᵀ backward, both also with SR) as one 16-warp tile or in
+    row slices (``triton_quant.BLOCK128_SPLIT``) under register caps, and under today's default tables, interleaved;
+    every launch's outputs checked bitwise against the one-piece tile's (``bitwise`` in the JSON)."""
     calls = _layer_calls(*_operands(T, K, N, dev, 3), 128, **BWD)
-    calls["xt_bwd_sr"] = lambda **k: calls["xt_bwd"](stochastic=True, **k)
+    for name in ("wt_bwd", "xt_bwd"):
+        calls[f"{name}_sr"] = lambda name=name, **k: calls[name](stochastic=True, **k)
 
     def launch(fn, split, cap):
-        caps = ROUND7_CAPS if cap is None else _caps(ROUND7_CAPS["1x128"], cap or None)
-        return _with_quant_flags(fn, BLOCK128_SPLIT=split, MAXNREG=caps)
+        if split == "default":
+            return fn
+        return _with_quant_flags(lambda: fn(maxnreg=cap), BLOCK128_SPLIT=_splits(split), MAXNREG=dict(ROUND7_CAPS))
 
-    names = ("w_fwd", "wt_bwd", "xt_bwd", "xt_bwd_sr")
+    names = ("w_fwd", "wt_bwd", "wt_bwd_sr", "xt_bwd", "xt_bwd_sr")
+    launches = (*SPLIT_LAUNCHES, ("default", None))
     bitwise = {}
     for name in names:
         ref = launch(calls[name], *SPLIT_LAUNCHES[0])()
-        for split, cap in SPLIT_LAUNCHES[1:]:
+        for split, cap in launches[1:]:
             bitwise[f"{name}@s{split}c{cap}"] = _same_outputs(ref, launch(calls[name], split, cap)())
-    fns = {f"{n}@s{s}c{c}": launch(calls[n], s, c) for n in names for s, c in SPLIT_LAUNCHES}
+    fns = {f"{n}@s{s}c{c}": launch(calls[n], s, c) for n in names for s, c in launches}
     return {**_time_calls("128x128 slices", [T, K, N], fns, dev, timing), "bitwise": bitwise}
 
 

@@ -612,10 +612,29 @@ GPU_BLOCK = (32, 128, 4)  # best overall on H200 (the FP8-fold recipes slow down
 #: per setting). The tile's registers allow one 8-warp program per SM, so more warps is the only way to more
 #: occupancy. ``QUARTET_QBLOCK128_WARPS`` overrides it (the sweep).
 BLOCK128_WARPS = int(os.environ.get("QUARTET_QBLOCK128_WARPS", "16"))
-#: row slices of a ``fp8_block=128`` program: 1 runs the 128×128 block as one 16-warp tile (rounds 5–7); ``n`` > 1 as
-#: ``n`` tiles of 128/n rows one after the other in a 4-warp program, each storing its E2M1 values and group exponents,
-#: then one in-place fold by the block's exponent (the values are still in L2). ``QUARTET_QBLOCK128_SPLIT`` overrides it.
-BLOCK128_SPLIT = int(os.environ.get("QUARTET_QBLOCK128_SPLIT", "4"))
+#: Row slices of a ``fp8_block=128`` launch, by launch kind (``"128x128"``, `` T`` a transposed read, `` SR`` stochastic
+#: rounding): 1 runs the 128×128 block as one 16-warp tile (rounds 5–7); ``n`` > 1 as ``n`` tiles of 128/n rows, one
+#: after the other in a 4-warp program, each storing its signed E2M1 values and group exponents, then an in-place fold
+#: by the block's exponent (the values are still in L2; ``_fold_block_in_place``). A sliced launch runs uncapped (its
+#: tile is the 1×128 kind's shape: 4–5 programs per SM). Chosen from round 8's interleaved timing of the layer's
+#: 128×128 calls at 16384×4096×4096 (H200, ``benchmarks/results/bench_round8``): W forward 75.5 → 59.5 µs in 4
+#: slices; X̂ᵀ with SR 244.0 → 214.0 µs in 8; the RTN transposed reads are faster in one piece (X̂ᵀ 145.8 vs 154.2,
+#: Ŵᵀ 42.4 vs 47.5–49.3). ``QUARTET_QBLOCK128_SPLIT=n`` gives every kind ``n`` slices (1: round 7's launches).
+BLOCK128_SPLIT_MEASURED: dict[str, int] = {"128x128": 4, "128x128 SR": 4, "128x128 T": 1, "128x128 T SR": 8}
+
+
+def _split_from_env() -> dict[str, int]:
+    """The slices table: :data:`BLOCK128_SPLIT_MEASURED`, or ``QUARTET_QBLOCK128_SPLIT``'s one count for every kind."""
+    text = os.environ.get("QUARTET_QBLOCK128_SPLIT", "").strip()
+    if not text:
+        return dict(BLOCK128_SPLIT_MEASURED)
+    if text not in ("1", "2", "4", "8"):
+        raise ValueError(f"QUARTET_QBLOCK128_SPLIT must be 1, 2, 4 or 8 (row slices of a 128x128 block), got {text!r}")
+    return dict.fromkeys(BLOCK128_SPLIT_MEASURED, int(text))
+
+
+#: the slices in force (a module global the benchmarks swap; see :data:`BLOCK128_SPLIT_MEASURED`)
+BLOCK128_SPLIT = _split_from_env()
 #: Caps on the registers per thread of the block-scaled FP8 launches (ptxas ``.maxnreg``; the fused layer's recipes),
 #: by launch kind: ``"1x128"`` / ``"128x128"`` the tile of ``fp8_block=1`` / ``128``, `` T`` a transposed read
 #: (``axis=0``); None lets ptxas choose. Registers set these kernels' occupancy (65536 per SM): uncapped, the 1×128
@@ -727,7 +746,8 @@ def mx_quantize(
     ``(R, K/32)``: bit ``c`` of word ``j`` is element ``32·j + c``; :func:`unpack_mask_bits`) instead of one bool per
     element — what the fused layer saves for its backward, an eighth of the bytes.
     ``maxnreg`` caps the registers per thread of the GPU launches, ``0`` lifts every cap (default: the block-scaled
-    FP8 launches take :data:`MAXNREG`'s cap for their tile and read, the others none; ignored by the CPU interpreter).
+    FP8 launches take :data:`MAXNREG`'s cap for their tile and read, the others and the sliced 128×128 launches of
+    :data:`BLOCK128_SPLIT` none; ignored by the CPU interpreter).
     It changes the speed, never the result.
     """
     if not HAS_TRITON:
@@ -744,8 +764,12 @@ def mx_quantize(
     if K % 32:
         raise ValueError(f"the group axis must be a multiple of 32, got {K}")
     col_order = s_r == 1 and s_k != 1  # a transposed read: neighbouring groups are neighbours in memory
-    if maxnreg is None and fp8_block in (1, 128):
-        maxnreg = MAXNREG[f"{fp8_block}x128" + (" T" if col_order else "")]
+    kind = f"{fp8_block}x128" + (" T" if col_order else "")
+    split = BLOCK128_SPLIT[kind + (" SR" if stochastic else "")] if fp8_block == 128 else 1
+    if split not in (1, 2, 4, 8):
+        raise ValueError(f"BLOCK128_SPLIT must give 1, 2, 4 or 8 row slices of a 128x128 block, got {split!r}")
+    if maxnreg is None and fp8_block in (1, 128) and split == 1:
+        maxnreg = MAXNREG[kind]
     if maxnreg is not None and not (isinstance(maxnreg, int) and (maxnreg == 0 or 24 <= maxnreg <= 255)):
         raise ValueError(f"maxnreg must be an int in [24, 255] (registers per thread) or 0 (no cap), got {maxnreg!r}")
     dev = x.device
@@ -819,11 +843,7 @@ def mx_quantize(
             raise ValueError(f"block-scaled FP8 needs the group axis to be a multiple of 128, got {K}")
         # one program per scale block along K; 128 rows per program for 128x128 blocks
         bk = 128
-        split = 1
         if fp8_block == 128:
-            split = BLOCK128_SPLIT
-            if split not in (1, 2, 4, 8):
-                raise ValueError(f"BLOCK128_SPLIT must be 1, 2, 4 or 8 (row slices of a 128x128 block), got {split!r}")
             br = 128 // split
             if split == 1:
                 warps = BLOCK128_WARPS if dev.type == "cuda" else warps

@@ -258,7 +258,7 @@ def test_layer_variants_smoke_run_restores_the_layer_flags(tmp_path):
     lv = _benchmark("layer_variants")
     from quartet.kernels import triton_quant as tq
 
-    flags = lambda: (L.RIGHT_BLOCK, L.MASK_BITS, dict(tq.MAXNREG), tq.BLOCK128_SPLIT)  # noqa: E731
+    flags = lambda: (L.RIGHT_BLOCK, L.MASK_BITS, dict(tq.MAXNREG), dict(tq.BLOCK128_SPLIT))  # noqa: E731
     before = flags()
     out = tmp_path / "lv.json"
     assert lv.main(["--device", "cpu", "--smoke", "--out", str(out), "--sections", "caps,layer,warps,inscale,split",
@@ -270,7 +270,8 @@ def test_layer_variants_smoke_run_restores_the_layer_flags(tmp_path):
     assert set(row["ratio_to_bf16"]) == {"r128_bool", "r1_bits", "cap96_64", "tuned", "default"}
     assert r["variants"]["cap96_64"]["maxnreg"] == {"1x128": 96, "1x128 T": 96, "128x128": 64, "128x128 T": 64}
     assert r["variants"]["default"]["maxnreg"] == tq.MAXNREG_MEASURED
-    assert r["variants"]["default"]["block128_split"] == tq.BLOCK128_SPLIT and r["variants"]["tuned"]["block128_split"] == 1
+    assert r["variants"]["default"]["block128_split"] == tq.BLOCK128_SPLIT_MEASURED
+    assert set(r["variants"]["tuned"]["block128_split"].values()) == {1}
     # the caps section: every quantizer call of the layer under every cap, and its table lines
     calls = ("x_fwd", "w_fwd", "e_rtn", "e_sr", "et_rtn", "wt_bwd", "xt_bwd")
     (caps_row,) = r["caps"]
@@ -281,9 +282,10 @@ def test_layer_variants_smoke_run_restores_the_layer_flags(tmp_path):
                                           for w, cap in lv.BLOCK128_LAUNCHES}
     assert len(r["warps"]["bitwise"]) == 3 * (len(lv.BLOCK128_LAUNCHES) - 1) and all(r["warps"]["bitwise"].values())
     # the split section: the 128x128-block calls in one piece and in row slices, outputs checked bitwise
-    assert set(r["split"]["figures"]) == {f"{c}@s{s}c{cap}" for c in ("w_fwd", "wt_bwd", "xt_bwd", "xt_bwd_sr")
-                                          for s, cap in lv.SPLIT_LAUNCHES}
-    assert len(r["split"]["bitwise"]) == 4 * (len(lv.SPLIT_LAUNCHES) - 1) and all(r["split"]["bitwise"].values())
+    launches = (*lv.SPLIT_LAUNCHES, ("default", None))
+    calls128 = ("w_fwd", "wt_bwd", "wt_bwd_sr", "xt_bwd", "xt_bwd_sr")
+    assert set(r["split"]["figures"]) == {f"{c}@s{s}c{cap}" for c in calls128 for s, cap in launches}
+    assert len(r["split"]["bitwise"]) == 5 * (len(launches) - 1) and all(r["split"]["bitwise"].values())
     assert set(r["in_scale"]["figures"]) == {f"{c}@{how}" for c in ("wt_bwd", "xt_bwd", "xt_bwd_r1")
                                              for how in ("element", "row")}
     # the floor chart reads this JSON: each call's round-7 figure is its default cap's, times the per-row ratio for the

@@ -486,17 +486,23 @@ class _LaunchSpy:
 
 def test_each_launch_kind_gets_its_register_cap(monkeypatch):
     """The block-scaled FP8 launches take the cap of their tile and read from ``MAXNREG`` (round 7's measured table by
-    default); other launches are uncapped; ``maxnreg=`` overrides the table per call and ``0`` lifts the cap."""
+    default); other launches, and 128×128 blocks run in slices (``BLOCK128_SPLIT``), are uncapped; ``maxnreg=``
+    overrides the table per call and ``0`` lifts the cap."""
     assert tq.MAXNREG == tq.MAXNREG_MEASURED  # nothing in the test environment overrides it
+    assert tq.BLOCK128_SPLIT == tq.BLOCK128_SPLIT_MEASURED
     table = {"1x128": 91, "1x128 T": None, "128x128": 77, "128x128 T": 64}
     monkeypatch.setattr(tq, "MAXNREG", table)
+    monkeypatch.setattr(tq, "BLOCK128_SPLIT", {"128x128": 1, "128x128 SR": 4, "128x128 T": 1, "128x128 T SR": 1})
     spy = _LaunchSpy(tq._mx_quant_kernel)
     monkeypatch.setattr(tq, "_mx_quant_kernel", spy)
     x = torch.randn(256, 128).to(DEV).to(torch.bfloat16)
     blk = dict(rule="absmax", fp8="e4m3", deq=False)
     for kw, cap in [(dict(fp8_block=1), 91), (dict(fp8_block=1, axis=0), None), (dict(fp8_block=128), 77),
                     (dict(fp8_block=128, axis=0), 64), (dict(fp8_block=1, maxnreg=0), None),
-                    (dict(fp8_block=1, axis=0, maxnreg=80), 80)]:
+                    (dict(fp8_block=1, axis=0, maxnreg=80), 80),
+                    # a sliced 128x128 launch (here the SR kind's) runs uncapped unless the call caps it
+                    (dict(fp8_block=128, stochastic=True), None), (dict(fp8_block=128, stochastic=True, maxnreg=96), 96),
+                    (dict(fp8_block=128, axis=0, stochastic=True), 64)]:
         spy.caps.clear()
         tq.mx_quantize(x, **blk, **kw)
         assert spy.caps == [cap], kw
@@ -577,13 +583,26 @@ def test_a_sliced_128x128_block_changes_nothing(monkeypatch):
     for name, (t, kw) in recipes.items():
         out = {}
         for split in (1, 2, 4, 8):
-            monkeypatch.setattr(tq, "BLOCK128_SPLIT", split)
+            monkeypatch.setattr(tq, "BLOCK128_SPLIT", dict.fromkeys(tq.BLOCK128_SPLIT_MEASURED, split))
             out[split] = tq.mx_quantize(t, **kw)
         for split in (2, 4, 8):
             _assert_same_outputs(out[1], out[split], ("deq", "mask", "mask_bits", "fp8", "block_scale", "flushed"),
                                  (name, split))
         if name == "W fwd":
             assert out[1].flushed.item() > 0  # the flush path ran
-    monkeypatch.setattr(tq, "BLOCK128_SPLIT", 3)
+    monkeypatch.setattr(tq, "BLOCK128_SPLIT", dict.fromkeys(tq.BLOCK128_SPLIT_MEASURED, 3))
     with pytest.raises(ValueError, match="BLOCK128_SPLIT"):
         tq.mx_quantize(xb, rule="absmax", fp8="e4m3", fp8_block=128)
+
+
+def test_the_slices_table_from_the_environment(monkeypatch):
+    """``QUARTET_QBLOCK128_SPLIT``: unset -> the measured table (per launch kind); ``n`` -> n slices for every kind;
+    anything but 1, 2, 4, 8 a one-line error naming the variable."""
+    monkeypatch.delenv("QUARTET_QBLOCK128_SPLIT", raising=False)
+    assert tq._split_from_env() == tq.BLOCK128_SPLIT_MEASURED
+    monkeypatch.setenv("QUARTET_QBLOCK128_SPLIT", " 1 ")
+    assert tq._split_from_env() == dict.fromkeys(tq.BLOCK128_SPLIT_MEASURED, 1)
+    for bad in ("3", "four", "16"):
+        monkeypatch.setenv("QUARTET_QBLOCK128_SPLIT", bad)
+        with pytest.raises(ValueError, match="QUARTET_QBLOCK128_SPLIT"):
+            tq._split_from_env()
