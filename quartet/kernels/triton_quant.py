@@ -26,6 +26,9 @@ The maths (the same as the pure-PyTorch oracle in :mod:`quartet.quant`):
   an FP8 number, so ``q·σ_g = fp8(q·2^(e_g − e_row + shift)) · 2^(e_row − shift)`` [·4/3] where ``e_row`` is
   the largest group exponent of the row. That is exact while ``e_row − e_g`` stays within the FP8 format's
   range (≈14 binades for e4m3, ≈28 for e5m2); values beyond it are *flushed* (rounded in FP8) and counted.
+  Block-scaled FP8 folds against the largest exponent of a 1×128 or 128×128 block instead. A 128×128 block may
+  be quantized in row slices: each stores ``±q`` (exact in FP8) and its group exponents, and one in-place pass
+  applies the fold once the block's exponent is known — the same bytes as folding in one piece.
 """
 from __future__ import annotations
 
@@ -607,7 +610,7 @@ def _logical(x: torch.Tensor, axis: int):
 
 #: GPU tile (rows, cols, warps); ``QUARTET_QBLOCK=r,k,w`` overrides it (used by the benchmark sweep)
 GPU_BLOCK = (32, 128, 4)  # best overall on H200 (the FP8-fold recipes slow down with 64x64 tiles)
-#: warps of the 128x128-row tiles of ``fp8_block=128``: 16 on an H100 (round 5, benchmarks/bench_round5.sh's sweep:
+#: warps of the one-piece 128x128-row tiles of ``fp8_block=128`` (see :data:`BLOCK128_SPLIT`): 16 on an H100 (round 5, benchmarks/bench_round5.sh's sweep:
 #: 196 us vs 212 us at 8 and 289 us at 4 warps for the forward QuEST recipe on 16384x4096, one device call, one process
 #: per setting). The tile's registers allow one 8-warp program per SM, so more warps is the only way to more
 #: occupancy. ``QUARTET_QBLOCK128_WARPS`` overrides it (the sweep).
