@@ -15,8 +15,8 @@ The maths (the same as the pure-PyTorch oracle in :mod:`quartet.quant`):
   ``⌊log2 v⌋`` is read from the float's exponent bits, so it is exact (no ``log2`` approximation). The absmax
   exponents are clamped to E8M0's range [−127, 127] after the −2 (2^-127 is a float32 subnormal, built from
   its bits). QuEST's σ of a group whose squares overflow float32 is recomputed on the group scaled by 2^-72
-  (only in tiles that have such a group); a group holding Inf/NaN gets NaN values, mask False, E8M0 code 255
-  (element codes 0) and NaN in FP8 — as the oracle.
+  (only in tiles that have such a group). A group holding Inf/NaN gets NaN values, mask False, E8M0 code 255
+  (element codes 0) and NaN in FP8 under every rule — as the oracle — so a non-finite gradient stays visible.
 * ``y/σ`` is rounded onto the E2M1 grid {0, .5, 1, 1.5, 2, 3, 4, 6}: round-to-nearest with the thresholds
   0.25/0.75/1.25/1.75/2.5/3.5/5, or stochastically (P(up) = distance to the lower grid point over the
   gap, uniform numbers from Triton's Philox keyed by (seed, element index)); it saturates at 6. The
@@ -79,6 +79,11 @@ if HAS_TRITON:
         """2**e for an int32 tensor e in [-127, 127], built from the exponent bits (exact; 2^-127, E8M0's smallest
         scale, is the float32 subnormal 0x00400000)."""
         return tl.where(e > -127, (e + 127) << 23, 0x400000).to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _max_keep_nan(a, b):
+        """max(a, b), NaN if either is NaN (a reduction's combine function)."""
+        return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
     @triton.jit
     def _rtn_e2m1(a):
@@ -315,11 +320,15 @@ if HAS_TRITON:
                 v = sd + 1e-8
                 e = ((v.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127  # 128 where v is Inf/NaN: E8M0 code 255
             else:
-                v = tl.max(tl.abs(y), axis=1)
-                e = ((v.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127 - 2
-                # clamped to E8M0's range after the −2 (amax < 2^-124 → 2^-127); all-zero group: 2^-2 as the oracle
-                e = tl.where(v > 0.0, tl.maximum(e, -127), -2)
-            # a QuEST group with a non-finite σ (it holds Inf/NaN): NaN values, mask False, E8M0 NaN, FP8 NaN
+                # amax with NaN kept (the GPU's plain max returns the other operand): a group holding Inf/NaN has a
+                # non-finite amax, all exponent bits set
+                v = tl.reduce(tl.abs(y), 1, _max_keep_nan)
+                v_exp = (v.to(tl.int32, bitcast=True) >> 23) & 0xFF
+                # clamped to E8M0's range after the −2 (amax < 2^-124 → 2^-127); all-zero group: 2^-2 as the oracle;
+                # a non-finite amax: 128, the NaN group below
+                e = tl.where(v > 0.0, tl.maximum(v_exp - 127 - 2, -127), -2)
+                e = tl.where(v_exp == 0xFF, 128, e)
+            # a group holding Inf/NaN (QuEST: a non-finite σ; absmax: amax): NaN values, mask False, E8M0 NaN, FP8 NaN
             nan_g = e > 127
             e = tl.minimum(e, 127)
             gnan = tl.where(nan_g, float("nan"), 1.0)  # multiplies a group's scale: NaN values without a per-element select
@@ -385,7 +394,7 @@ if HAS_TRITON:
                         tl.store(mask_ptr + out_offs, keep.to(tl.int8), mask=inb)
                 if WRITE_DEQ:
                     if RULE == 1:
-                        deq = (tl.where(neg, -q, q) * _exp2i(e)[:, None]) * 1.3333333333333333
+                        deq = (tl.where(neg, -q, q) * (_exp2i(e) * gnan)[:, None]) * 1.3333333333333333
                     else:
                         deq = tl.where(neg, -q, q) * (_exp2i(e) * gnan)[:, None]
                     tl.store(deq_ptr + out_offs, deq.to(deq_ptr.dtype.element_ty), mask=inb)

@@ -79,14 +79,14 @@ def _grouped(x: torch.Tensor, group: int) -> torch.Tensor:
     return x.float().reshape(*x.shape[:-1], k // group, group)
 
 
-def _pow2_floor(v: torch.Tensor, shift: int = 0, nonfinite_nan: bool = True) -> torch.Tensor:
+def _pow2_floor(v: torch.Tensor, shift: int = 0) -> torch.Tensor:
     """2^(floor(log2 v) + shift) for v > 0, the exponent clamped to E8M0's range [-127, 127] AFTER the shift;
-    2^shift where v is 0 (empty group); NaN where v is NaN or Inf (E8M0's NaN code 255) if ``nonfinite_nan``.
+    2^shift where v is 0 (empty group); NaN where v is NaN or Inf (E8M0's NaN code 255).
     The exponent is exact (:func:`~quartet.quant.formats.floor_log2`), as the kernels read the float's exponent
     bits."""
     e = (floor_log2(v) + shift).clamp(-127, 127).to(v.dtype)
     s = torch.where(v > 0, torch.exp2(e), torch.full_like(v, 2.0 ** shift))
-    return torch.where(torch.isfinite(v), s, torch.full_like(v, float("nan"))) if nonfinite_nan else s
+    return torch.where(torch.isfinite(v), s, torch.full_like(v, float("nan")))
 
 
 #: QuEST's σ of a group whose squares overflow is computed on the group times 2^-72 (exact), then scaled back:
@@ -142,10 +142,9 @@ def quest_mxfp4(x: torch.Tensor, group: int = 32, floor: bool = True) -> tuple[t
 
 def absmax_scales(x: torch.Tensor, group: int = 32) -> torch.Tensor:
     """Per-group power-of-two part of the absmax scale, shape (..., K/group): 2^(floor(log2 amax) − 2), the exponent
-    clamped to E8M0's [-127, 127] (so amax < 2^-124 gives 2^-127); 2^-2 for an all-zero group."""
-    amax = _grouped(x, group).abs().amax(dim=-1)
-    # (Inf/NaN inputs are not flagged here: the absmax rules' handling of them is unchanged)
-    return _pow2_floor(amax, shift=-2, nonfinite_nan=False)
+    clamped to E8M0's [-127, 127] (so amax < 2^-124 gives 2^-127); 2^-2 for an all-zero group; NaN for a group
+    holding Inf/NaN (E8M0 code 255: its values come back NaN, so an overflowed gradient is not hidden)."""
+    return _pow2_floor(_grouped(x, group).abs().amax(dim=-1), shift=-2)
 
 
 def absmax_mxfp4(x: torch.Tensor, stochastic: bool = False, generator: torch.Generator | None = None,

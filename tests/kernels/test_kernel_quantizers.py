@@ -606,3 +606,38 @@ def test_the_slices_table_from_the_environment(monkeypatch):
         monkeypatch.setenv("QUARTET_QBLOCK128_SPLIT", bad)
         with pytest.raises(ValueError, match="QUARTET_QBLOCK128_SPLIT"):
             tq._split_from_env()
+
+
+@pytest.mark.parametrize("rule", ["absmax", "rtn_absmax"])
+@pytest.mark.parametrize("rotate", [False, True])
+def test_absmax_nonfinite_groups_are_nan_as_the_oracle(rule, rotate):
+    """The backward's absmax rules on groups holding Inf or NaN (an overflowed gradient): NaN values, E8M0 code 255 and
+    element codes 0, NaN in block-scaled FP8 (not counted as flushes, one-piece or sliced 128×128 blocks) — as the
+    oracle and QuEST — and every other group bitwise the oracle's. (The GPU's plain max drops NaN and its min turns NaN
+    into 6: before, such a group came back as finite values and hid the overflow.)"""
+    g = torch.Generator().manual_seed(90)
+    x = torch.randn(128, 256, generator=g)
+    x[4, 3] = float("inf")
+    x[5, 40] = float("nan")          # one NaN among 31 finite values: a plain max would drop it
+    x[6, 0] = -float("inf")
+    x[7, 64:96] = float("nan")       # a group of NaN only
+    x = x.to(torch.bfloat16)
+    xf = x.float()
+    rot = hadamard.block_hadamard(xf, 32, None) if rotate else xf
+    ref = mx.absmax_mxfp4(rot) if rule == "absmax" else mx.rtn_absmax_mxfp4(rot)
+    nan_g = torch.isnan(mx.absmax_scales(rot))
+    assert nan_g.sum().item() == 4 and torch.equal(torch.isnan(ref), nan_g.repeat_interleave(32, -1))
+    out = tq.mx_quantize(x.to(DEV), rule=rule, hadamard=rotate, mx=True, out_dtype=torch.float32)
+    assert _equal_nan(out.deq, ref)
+    assert torch.equal(out.e8m0.cpu() == 255, nan_g)
+    assert (out.codes.cpu().reshape(128, -1, 16)[nan_g] == 0).all()
+    for blk in (1, 128):
+        for split in (1, 4):
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(tq, "BLOCK128_SPLIT", dict.fromkeys(tq.BLOCK128_SPLIT_MEASURED, split))
+                f = tq.mx_quantize(x.to(DEV), rule=rule, hadamard=rotate, fp8="e4m3", fp8_block=blk,
+                                   out_dtype=torch.float32)
+            v = f.fp8_values().cpu()
+            assert torch.equal(torch.isnan(v), torch.isnan(ref)), (blk, split)
+            ok = ~torch.isnan(v)
+            assert f.flushed.item() == (v[ok] != ref[ok]).sum().item() == 0, (blk, split)
