@@ -320,9 +320,13 @@ if HAS_TRITON:
                 v = sd + 1e-8
                 e = ((v.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127  # 128 where v is Inf/NaN: E8M0 code 255
             else:
-                # amax with NaN kept (the GPU's plain max returns the other operand): a group holding Inf/NaN has a
-                # non-finite amax, all exponent bits set
-                v = tl.reduce(tl.abs(y), 1, _max_keep_nan)
+                # a group holding Inf/NaN must get a non-finite amax (all exponent bits set). Rotated, every value of
+                # such a group is Inf/NaN and the plain max sees it; unrotated, a lone NaN needs the NaN-keeping max
+                # (the GPU's plain max returns the other operand; it costs the rotated recipes 2-7%)
+                if HADAMARD:
+                    v = tl.max(tl.abs(y), axis=1)
+                else:
+                    v = tl.reduce(tl.abs(y), 1, _max_keep_nan)
                 v_exp = (v.to(tl.int32, bitcast=True) >> 23) & 0xFF
                 # clamped to E8M0's range after the −2 (amax < 2^-124 → 2^-127); all-zero group: 2^-2 as the oracle;
                 # a non-finite amax: 128, the NaN group below
