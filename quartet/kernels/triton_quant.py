@@ -87,7 +87,8 @@ if HAS_TRITON:
 
     @triton.jit
     def _rtn_e2m1(a):
-        """Round |y/σ| (a >= 0) to the E2M1 grid, ties toward zero (thresholds .25/.75/1.25/1.75/2.5/3.5/5).
+        """Round |y/σ| (a >= 0) to the E2M1 grid, ties toward zero (thresholds .25/.75/1.25/1.75/2.5/3.5/5); NaN stays
+        NaN (the GPU's plain min would return 6).
 
         With the grid step ``st`` of a's binade range (0.5 below 2, 1 below 4, 2 above) the nearest
         point with ties down is ``ceil(a/st − 0.5)·st``: a/st and the subtraction are exact, so this
@@ -97,7 +98,7 @@ if HAS_TRITON:
         mid = a >= 2.0
         inv = tl.where(big, 0.5, tl.where(mid, 1.0, 2.0))
         step = tl.where(big, 2.0, tl.where(mid, 1.0, 0.5))
-        return tl.minimum(tl.ceil(a * inv - 0.5) * step, 6.0)
+        return tl.minimum(tl.ceil(a * inv - 0.5) * step, 6.0, propagate_nan=tl.PropagateNan.ALL)
 
     @triton.jit
     def _exp2_wide(p):
@@ -328,19 +329,24 @@ if HAS_TRITON:
                 else:
                     v = tl.reduce(tl.abs(y), 1, _max_keep_nan)
                 v_exp = (v.to(tl.int32, bitcast=True) >> 23) & 0xFF
-                # clamped to E8M0's range after the −2 (amax < 2^-124 → 2^-127); all-zero group: 2^-2 as the oracle;
-                # a non-finite amax: 128, the NaN group below
+                # clamped to E8M0's range after the −2 (amax < 2^-124 → 2^-127); all-zero group: 2^-2 as the oracle
                 e = tl.where(v > 0.0, tl.maximum(v_exp - 127 - 2, -127), -2)
-                e = tl.where(v_exp == 0xFF, 128, e)
-            # a group holding Inf/NaN (QuEST: a non-finite σ; absmax: amax): NaN values, mask False, E8M0 NaN, FP8 NaN
+            # a group holding Inf/NaN: NaN values, mask False, E8M0 NaN, FP8 NaN. QuEST's (a non-finite σ: e = 128)
+            # multiplies its scale by NaN (gnan). An absmax group's (a non-finite amax, bad_g) values turn NaN by
+            # themselves: its inverse scale is NaN and the rounding keeps NaN; leaving nan_g constant False under
+            # the absmax rules keeps the per-group NaN work out of the backward's kernels (measured 3–5%)
             nan_g = e > 127
             e = tl.minimum(e, 127)
             gnan = tl.where(nan_g, float("nan"), 1.0)  # multiplies a group's scale: NaN values without a per-element select
+            if RULE == 0:
+                bad_g = nan_g
+            else:
+                bad_g = v_exp == 0xFF
 
             # the exponent a group contributes to its row's / block's FP8 fold exponent: all-zero groups
             # (padding, dead units) and rows past the end must not raise it (absmax gives them 2^-2). A
             # row/block with no such group keeps -127; the fold then clamps d to the shift (its values are 0)
-            g_valid = rmask & ((RULE == 0) | (v > 0.0)) & ~nan_g
+            g_valid = rmask & ((RULE == 0) | (v > 0.0)) & ~bad_g
             e_fold = tl.where(g_valid, e, -127)
             if MODE == 2 or MODE == 4:
                 # the FP8 fold needs the largest group exponent of each output row
@@ -352,11 +358,14 @@ if HAS_TRITON:
                 tl.atomic_max(rowexp_ptr + rr_, er, mask=rr_ < R)
             if MODE != 2:
                 # ---- scale and round ------------------------------------------------------------------
+                inv_s = _exp2i(-e)
+                if RULE != 0:
+                    inv_s = tl.where(bad_g, float("nan"), inv_s)  # every value of the group NaN
                 if RULE == 1:
                     # oracle order: divide by the exact power of two, then multiply by 3/4 (one rounding)
-                    yq = (y * _exp2i(-e)[:, None]) * 0.75
+                    yq = (y * inv_s[:, None]) * 0.75
                 else:
-                    yq = y * _exp2i(-e)[:, None]  # exact: power-of-two scale
+                    yq = y * inv_s[:, None]  # exact: power-of-two scale
                 a = tl.abs(yq)
                 if STOCHASTIC:
                     gid = rows * (K // 32) + k0 // 32
@@ -381,7 +390,7 @@ if HAS_TRITON:
                     step = tl.where(big, 2.0, tl.where(mid, 1.0, 0.5))
                     lo = tl.floor(a * inv) * step
                     up = rnd < (a - lo) * inv
-                    q = tl.minimum(tl.where(up, lo + step, lo), 6.0)
+                    q = tl.minimum(tl.where(up, lo + step, lo), 6.0, propagate_nan=tl.PropagateNan.ALL)
                 else:
                     q = _rtn_e2m1(a)
                 neg = yq < 0
@@ -398,20 +407,20 @@ if HAS_TRITON:
                         tl.store(mask_ptr + out_offs, keep.to(tl.int8), mask=inb)
                 if WRITE_DEQ:
                     if RULE == 1:
-                        deq = (tl.where(neg, -q, q) * (_exp2i(e) * gnan)[:, None]) * 1.3333333333333333
+                        deq = (tl.where(neg, -q, q) * _exp2i(e)[:, None]) * 1.3333333333333333
                     else:
                         deq = tl.where(neg, -q, q) * (_exp2i(e) * gnan)[:, None]
                     tl.store(deq_ptr + out_offs, deq.to(deq_ptr.dtype.element_ty), mask=inb)
                 if MODE == 1:
                     mag = tl.where(q < 2.0, q * 2.0, tl.where(q < 4.0, q + 2.0, tl.where(q < 5.0, 6.0, 7.0)))
                     code = mag.to(tl.int32) | tl.where(neg & (q > 0.0), 8, 0)
-                    code = tl.where(nan_g[:, None], 0, code)  # the group's E8M0 code 255 (e = 128) makes it NaN
+                    code = tl.where(bad_g[:, None], 0, code)  # the group's E8M0 code 255 makes it NaN
                     lo_c, hi_c = tl.split(tl.reshape(code, (G, 16, 2)))
                     packed = (lo_c | (hi_c << 4)).to(tl.uint8)
                     c16 = tl.arange(0, 16)
                     pdst = codes_ptr + rows[:, None].to(tl.int64) * (K // 2) + (k0 // 2)[:, None] + c16[None, :]
                     tl.store(pdst, packed, mask=rmask[:, None] & (c16[None, :] < 16))
-                    e8 = tl.where(nan_g, 255, e + 127)
+                    e8 = tl.where(bad_g, 255, e + 127)
                     tl.store(scale_ptr + rows.to(tl.int64) * (K // 32) + k0 // 32, e8.to(tl.uint8), mask=rmask)
                 if MODE == 4:
                     # one-pass FP8 fold, stage 1: the signed E2M1 value (exact in either FP8 format) goes
