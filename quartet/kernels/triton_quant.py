@@ -169,10 +169,9 @@ if HAS_TRITON:
         """The end of a 128×128 block quantized in ``SPLIT`` slices: ``±q → fp8(±q · 2^(e_g − e_blk + shift))`` in place
         and the block scale ``2^(e_blk − shift)·factor``, with ``e_blk`` the largest of the block's group exponents
         (``gexp``; ``-128`` marks a group that may not raise it: all zero, non-finite or past the last row — its
-        values are zeros or NaN, or, on the GPU, what an absmax group of NaN rounds to, folded with the exponent
-        ``-2`` such a group has in the one-piece tile). The same values and flush count as the one-piece tile; the
-        per-element flush check runs, over the whole block as there, only where an unmarked group's exponent is more
-        than the format's range below ``e_blk`` (a group that may flush)."""
+        values are zeros or NaN, exact under any exponent). The same values and flush count as the one-piece tile;
+        the per-element flush check runs, over the whole block as there, only where an unmarked group's exponent is
+        more than the format's range below ``e_blk`` (a group that may flush)."""
         # the slices' stores by other threads of the program are visible after the barrier
         tl.debug_barrier()
         NG: tl.constexpr = BLOCK_R * SPLIT * 4
@@ -195,7 +194,6 @@ if HAS_TRITON:
             # NaN stored as 0x7F decoded from the bits (the CPU interpreter's cast is not trusted with it)
             q = tl.where((q8.to(tl.uint8, bitcast=True) & 0x7F) == 0x7F, float("nan"), q8.to(tl.float32))
             e = tl.load(gexp_ptr + rows.to(tl.int64) * (K // 32) + k0 // 32, mask=rmask, other=0).to(tl.int32)
-            e = tl.where(e == -128, -2, e)
             d = tl.minimum(e - e_blk + SHIFT, SHIFT)
             val = q * _exp2i(tl.maximum(d, -126))[:, None]
             f8 = _to_fp8_nan(val, fp8_ptr.dtype.element_ty)
