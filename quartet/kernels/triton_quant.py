@@ -640,9 +640,10 @@ BLOCK128_WARPS = int(os.environ.get("QUARTET_QBLOCK128_WARPS", "16"))
 #: after the other in a 4-warp program, each storing its signed E2M1 values and group exponents, then an in-place fold
 #: by the block's exponent (the values are still in L2; ``_fold_block_in_place``). A sliced launch runs uncapped (its
 #: tile is the 1×128 kind's shape: 4–5 programs per SM). Chosen from round 8's interleaved timing of the layer's
-#: 128×128 calls at 16384×4096×4096 (H200, ``benchmarks/results/bench_round8``): W forward 75.5 → 59.5 µs in 4
-#: slices; X̂ᵀ with SR 244.0 → 214.0 µs in 8; the RTN transposed reads are faster in one piece (X̂ᵀ 145.8 vs 154.2,
-#: Ŵᵀ 42.4 vs 47.5–49.3). ``QUARTET_QBLOCK128_SPLIT=n`` gives every kind ``n`` slices (1: round 7's launches).
+#: 128×128 calls at 16384×4096×4096 (H200, ``benchmarks/results/bench_round8/split_table``): W forward 75.9 → 59.9 µs
+#: in 4 slices; with SR, Ŵᵀ 67.4 → 59.5 and X̂ᵀ 245.4 → 215.6 µs in 8; the RTN transposed reads are faster in one
+#: piece (X̂ᵀ 146.2 vs ≥ 156.3, Ŵᵀ 42.8 vs ≥ 47.8; the direct SR kind, which no layer call makes, follows direct RTN).
+#: ``QUARTET_QBLOCK128_SPLIT=n`` gives every kind ``n`` slices (1: round 7's launches).
 BLOCK128_SPLIT_MEASURED: dict[str, int] = {"128x128": 4, "128x128 SR": 4, "128x128 T": 1, "128x128 T SR": 8}
 
 
