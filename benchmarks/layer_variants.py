@@ -340,6 +340,31 @@ def bench_block128_split(T: int, K: int, N: int, dev: str, timing: dict) -> dict
     return {**_time_calls("128x128 slices", [T, K, N], fns, dev, timing), "bitwise": bitwise}
 
 
+#: (row slices, warps) of the ``slicewarps`` section's sliced 128×128 launches (uncapped; 4 warps is the default)
+SLICE_WARPS = ((4, 4), (4, 8), (2, 8), (8, 4), (8, 8))
+
+
+def bench_split_warps(T: int, K: int, N: int, dev: str, timing: dict) -> dict:
+    """The sliced 128×128-block calls (W forward; Ŵᵀ, X̂ᵀ with SR; X̂ᵀ RTN) under each (slices, warps) of
+    :data:`SLICE_WARPS` (``triton_quant.BLOCK128_SPLIT_WARPS``), interleaved, each launch's outputs checked bitwise
+    against the one-piece tile's."""
+    calls = _layer_calls(*_operands(T, K, N, dev, 3), 128, **BWD)
+    for name in ("wt_bwd", "xt_bwd"):
+        calls[f"{name}_sr"] = lambda name=name, **k: calls[name](stochastic=True, **k)
+
+    def launch(fn, split, warps):
+        return _with_quant_flags(lambda: fn(maxnreg=0), BLOCK128_SPLIT=_splits(split), BLOCK128_SPLIT_WARPS=warps)
+
+    names = ("w_fwd", "wt_bwd_sr", "xt_bwd", "xt_bwd_sr")
+    bitwise = {}
+    for name in names:
+        ref = _with_quant_flags(calls[name], BLOCK128_SPLIT=_splits(1))()
+        for split, warps in SLICE_WARPS:
+            bitwise[f"{name}@s{split}w{warps}"] = _same_outputs(ref, launch(calls[name], split, warps)())
+    fns = {f"{n}@s{s}w{w}": launch(calls[n], s, w) for n in names for s, w in SLICE_WARPS}
+    return {**_time_calls("sliced 128x128 warps", [T, K, N], fns, dev, timing), "bitwise": bitwise}
+
+
 def table(result: dict) -> str:
     lines = []
     for row in result.get("shapes", []):
@@ -359,10 +384,10 @@ def table(result: dict) -> str:
         row = result["in_scale"]
         lines.append(f"input scales {'x'.join(map(str, row['shape']))} (us):")
         lines += [f"    {k:18s} {v['median_ms'] * 1e3:6.1f} ±{v['spread']:.0%}" for k, v in row["figures"].items()]
-    for key, ref in (("warps", "w16c0"), ("split", "s1cNone")):
+    for key, ref in (("warps", "w16c0"), ("split", "s1cNone"), ("slice_warps", "the one-piece tile")):
         row = result.get(key)
         if row:
-            lines.append(f"128x128 {'launches' if key == 'warps' else 'slices'} {'x'.join(map(str, row['shape']))} "
+            lines.append(f"128x128 {key.replace('_', ' ')} {'x'.join(map(str, row['shape']))} "
                          f"(us; bitwise equal to {ref}: {all(row['bitwise'].values())}):")
             lines += [f"    {k:18s} {v['median_ms'] * 1e3:6.1f} ±{v['spread']:.0%}" for k, v in row["figures"].items()]
     for row in result.get("caps", []):
@@ -387,7 +412,8 @@ def main(argv=None) -> int:
                     help="comma list of: layer (the variants vs BF16), tiles (Eᵀ tiles), right (right operands), "
                          "caps (each quantizer call under each register cap), warps (the 128x128 launches under "
                          "more warps or more programs per SM), inscale (the FP8 inputs' scales per element or per row), "
-                         "split (the 128x128 blocks in one tile or in row slices)")
+                         "split (the 128x128 blocks in one tile or in row slices), slicewarps (the sliced "
+                         "programs' warps)")
     ap.add_argument("--caps", default=",".join(map(str, CAPS)),
                     help="comma list of the caps section's register caps (0: uncapped, always included)")
     ap.add_argument("--variants", default=None, help=f"comma list of the layer's variants (default: all of "
@@ -438,6 +464,10 @@ def main(argv=None) -> int:
         save()
     if "split" in sections:
         result["split"] = bench_block128_split(*square, dev, timing)
+        bench.empty()
+        save()
+    if "slicewarps" in sections:
+        result["slice_warps"] = bench_split_warps(*square, dev, timing)
         bench.empty()
         save()
     if "warps" in sections:

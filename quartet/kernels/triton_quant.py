@@ -645,6 +645,8 @@ BLOCK128_WARPS = int(os.environ.get("QUARTET_QBLOCK128_WARPS", "16"))
 #: piece (X̂ᵀ 146.2 vs ≥ 156.3, Ŵᵀ 42.8 vs ≥ 47.8; the direct SR kind, which no layer call makes, follows direct RTN).
 #: ``QUARTET_QBLOCK128_SPLIT=n`` gives every kind ``n`` slices (1: round 7's launches).
 BLOCK128_SPLIT_MEASURED: dict[str, int] = {"128x128": 4, "128x128 SR": 4, "128x128 T": 1, "128x128 T SR": 8}
+#: warps of a sliced 128×128 program (a module attribute ``benchmarks/layer_variants.py --sections slicewarps`` swaps)
+BLOCK128_SPLIT_WARPS = 4
 
 
 def _split_from_env() -> dict[str, int]:
@@ -872,7 +874,7 @@ def mx_quantize(
             if split == 1:
                 warps = BLOCK128_WARPS if dev.type == "cuda" else warps
             elif dev.type == "cuda":
-                warps = GPU_BLOCK[2]
+                warps = BLOCK128_SPLIT_WARPS
             # a sliced block keeps its slices' group fold exponents here until the block's own is known
             e8_t = torch.empty(R, K // 32, device=dev, dtype=torch.int8) if split > 1 else e8_t
         grid = (triton.cdiv(R, br * split), K // bk)

@@ -258,10 +258,13 @@ def test_layer_variants_smoke_run_restores_the_layer_flags(tmp_path):
     lv = _benchmark("layer_variants")
     from quartet.kernels import triton_quant as tq
 
-    flags = lambda: (L.RIGHT_BLOCK, L.MASK_BITS, dict(tq.MAXNREG), dict(tq.BLOCK128_SPLIT))  # noqa: E731
+    def flags():
+        return L.RIGHT_BLOCK, L.MASK_BITS, dict(tq.MAXNREG), dict(tq.BLOCK128_SPLIT), tq.BLOCK128_SPLIT_WARPS
+
     before = flags()
     out = tmp_path / "lv.json"
-    assert lv.main(["--device", "cpu", "--smoke", "--out", str(out), "--sections", "caps,layer,warps,inscale,split",
+    sections = "caps,layer,warps,inscale,split,slicewarps"
+    assert lv.main(["--device", "cpu", "--smoke", "--out", str(out), "--sections", sections,
                     "--variants", "r128_bool,r1_bits,cap96_64,tuned,default", "--caps", "96,64"]) == 0
     assert flags() == before
     r = json.loads(out.read_text())
@@ -286,6 +289,9 @@ def test_layer_variants_smoke_run_restores_the_layer_flags(tmp_path):
     calls128 = ("w_fwd", "wt_bwd", "wt_bwd_sr", "xt_bwd", "xt_bwd_sr")
     assert set(r["split"]["figures"]) == {f"{c}@s{s}c{cap}" for c in calls128 for s, cap in launches}
     assert len(r["split"]["bitwise"]) == 5 * (len(launches) - 1) and all(r["split"]["bitwise"].values())
+    assert set(r["slice_warps"]["figures"]) == {f"{c}@s{s}w{w}" for c in ("w_fwd", "wt_bwd_sr", "xt_bwd", "xt_bwd_sr")
+                                                for s, w in lv.SLICE_WARPS}
+    assert len(r["slice_warps"]["bitwise"]) == 4 * len(lv.SLICE_WARPS) and all(r["slice_warps"]["bitwise"].values())
     assert set(r["in_scale"]["figures"]) == {f"{c}@{how}" for c in ("wt_bwd", "xt_bwd", "xt_bwd_r1")
                                              for how in ("element", "row")}
     # the floor chart reads this JSON: each call's round-7 figure is its default cap's, times the per-row ratio for the
