@@ -163,6 +163,20 @@ if HAS_TRITON:
             tl.atomic_add(flush_ptr, n_flushed)
 
     @triton.jit
+    def _load_staged(fp8_ptr, gexp_ptr, rows, k0, R, K):
+        """What a one-pass fold's first stage stored for groups ``(rows, k0)``: the signed E2M1 values (G, 32) as float32
+        and the int32 group exponents (G,), with the values' offsets, in-bounds mask and row mask. NaN (a non-finite
+        group, stored as 0x7F) is read from the bits: Triton's CPU interpreter decodes 0x7F as a finite number."""
+        c = tl.arange(0, 32)
+        rmask = rows < R
+        inb = rmask[:, None] & (c[None, :] < 32)
+        offs = rows[:, None].to(tl.int64) * K + k0[:, None] + c[None, :]
+        q8 = tl.load(fp8_ptr + offs, mask=inb, other=0.0)
+        q = tl.where((q8.to(tl.uint8, bitcast=True) & 0x7F) == 0x7F, float("nan"), q8.to(tl.float32))
+        e = tl.load(gexp_ptr + rows.to(tl.int64) * (K // 32) + k0 // 32, mask=rmask, other=0).to(tl.int32)
+        return q, e, offs, inb, rmask
+
+    @triton.jit
     def _fold_block_in_place(fp8_ptr, gexp_ptr, flush_ptr, bscale_ptr, bscale_ld, R, K, pid_r, pid_k,
                              SHIFT: tl.constexpr, FACTOR: tl.constexpr, MIN_D: tl.constexpr, BLOCK_R: tl.constexpr,
                              SPLIT: tl.constexpr):
@@ -181,19 +195,10 @@ if HAS_TRITON:
         ge = ge.to(tl.int32)
         e_blk = tl.maximum(tl.max(ge, axis=0), -127)  # a block of marked groups only: -127, as the one-piece tile
         check = tl.min(tl.where(ge == -128, 127, ge), axis=0) - e_blk + SHIFT < MIN_D
-        G: tl.constexpr = BLOCK_R * 4
-        g = tl.arange(0, G)
-        c = tl.arange(0, 32)
+        g = tl.arange(0, BLOCK_R * 4)
         for sub in tl.range(0, SPLIT, num_stages=1):
             rows = (pid_r * SPLIT + sub) * BLOCK_R + g // 4
-            k0 = pid_k * 128 + (g % 4) * 32
-            rmask = rows < R
-            inb = rmask[:, None] & (c[None, :] < 32)
-            offs = rows[:, None].to(tl.int64) * K + k0[:, None] + c[None, :]
-            q8 = tl.load(fp8_ptr + offs, mask=inb, other=0.0)
-            # NaN stored as 0x7F decoded from the bits (the CPU interpreter's cast is not trusted with it)
-            q = tl.where((q8.to(tl.uint8, bitcast=True) & 0x7F) == 0x7F, float("nan"), q8.to(tl.float32))
-            e = tl.load(gexp_ptr + rows.to(tl.int64) * (K // 32) + k0 // 32, mask=rmask, other=0).to(tl.int32)
+            q, e, offs, inb, _ = _load_staged(fp8_ptr, gexp_ptr, rows, pid_k * 128 + (g % 4) * 32, R, K)
             d = tl.minimum(e - e_blk + SHIFT, SHIFT)
             val = q * _exp2i(tl.maximum(d, -126))[:, None]
             f8 = _to_fp8_nan(val, fp8_ptr.dtype.element_ty)
@@ -321,7 +326,7 @@ if HAS_TRITON:
             else:
                 # a group holding Inf/NaN must get a non-finite amax (all exponent bits set). Rotated, every value of
                 # such a group is Inf/NaN and the plain max sees it; unrotated, a lone NaN needs the NaN-keeping max
-                # (the GPU's plain max returns the other operand; it costs the rotated recipes 2-7%)
+                # (the GPU's plain max returns the other operand). No layer call reads unrotated: its cost is unmeasured
                 if HADAMARD:
                     v = tl.max(tl.abs(y), axis=1)
                 else:
@@ -332,7 +337,8 @@ if HAS_TRITON:
             # a group holding Inf/NaN: NaN values, mask False, E8M0 NaN, FP8 NaN. QuEST's (a non-finite σ: e = 128)
             # multiplies its scale by NaN (gnan). An absmax group's (a non-finite amax, bad_g) values turn NaN by
             # themselves: its inverse scale is NaN and the rounding keeps NaN; leaving nan_g constant False under
-            # the absmax rules keeps the per-group NaN work out of the backward's kernels (measured 3–5%)
+            # the absmax rules keeps the per-group NaN work out of the backward's kernels (with it live, the RTN calls
+            # ran 2.5-5.5% slower: benchmarks/results/bench_round8/nan_plainmax_rotated)
             nan_g = e > 127
             e = tl.minimum(e, 127)
             gnan = tl.where(nan_g, float("nan"), 1.0)  # multiplies a group's scale: NaN values without a per-element select
@@ -482,15 +488,7 @@ if HAS_TRITON:
         g = tl.arange(0, G)
         rows = tl.program_id(0) * BLOCK_R + g // NJ
         k0 = tl.program_id(1) * BLOCK_K + (g % NJ) * 32
-        c = tl.arange(0, 32)
-        rmask = rows < R
-        inb = rmask[:, None] & (c[None, :] < 32)
-        offs = rows[:, None].to(tl.int64) * K + k0[:, None] + c[None, :]
-        q8 = tl.load(fp8_ptr + offs, mask=inb, other=0.0)
-        # NaN (a non-finite QuEST group, stored as 0x7F by stage 1) stays NaN: read from the bits, as the cast
-        # is not trusted with NaN (Triton's CPU interpreter decodes 0x7F as a finite number)
-        q = tl.where((q8.to(tl.uint8, bitcast=True) & 0x7F) == 0x7F, float("nan"), q8.to(tl.float32))
-        e = tl.load(gexp_ptr + rows.to(tl.int64) * (K // 32) + k0 // 32, mask=rmask, other=0).to(tl.int32)
+        q, e, offs, inb, rmask = _load_staged(fp8_ptr, gexp_ptr, rows, k0, R, K)
         er = tl.load(rowexp_ptr + rows, mask=rmask, other=0)
         _fold_store_fp8(q, e, er, fp8_ptr, offs, inb, flush_ptr, FP8_SHIFT, tl.full((G,), 1.0, tl.float32), rmask,
                         FP8_MIN_D)
@@ -630,9 +628,9 @@ def _logical(x: torch.Tensor, axis: int):
 
 #: GPU tile (rows, cols, warps); ``QUARTET_QBLOCK=r,k,w`` overrides it (used by the benchmark sweep)
 GPU_BLOCK = (32, 128, 4)  # best overall on H200 (the FP8-fold recipes slow down with 64x64 tiles)
-#: warps of the one-piece 128x128-row tiles of ``fp8_block=128`` (see :data:`BLOCK128_SPLIT`): 16 on an H100 (round 5, benchmarks/bench_round5.sh's sweep:
-#: 196 us vs 212 us at 8 and 289 us at 4 warps for the forward QuEST recipe on 16384x4096, one device call, one process
-#: per setting). The tile's registers allow one 8-warp program per SM, so more warps is the only way to more
+#: warps of the one-piece 128x128-row tiles of ``fp8_block=128`` (see :data:`BLOCK128_SPLIT`): 16 on an H100 (round 5,
+#: benchmarks/bench_round5.sh's sweep: 196 us vs 212 us at 8 and 289 us at 4 warps for the forward QuEST recipe on
+#: 16384x4096, one device call, one process per setting). The tile's registers allow one 8-warp program per SM, so more warps is the only way to more
 #: occupancy. ``QUARTET_QBLOCK128_WARPS`` overrides it (the sweep).
 BLOCK128_WARPS = int(os.environ.get("QUARTET_QBLOCK128_WARPS", "16"))
 #: Row slices of a ``fp8_block=128`` launch, by launch kind (``"128x128"``, `` T`` a transposed read, `` SR`` stochastic
