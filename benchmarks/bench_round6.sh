@@ -14,8 +14,9 @@
 # train+quant: the same, then layer_variants.py's quantizer sections (Eᵀ tiles, right operands; each call graphed)
 # caps (round 7, ~6 min): the GPU tests, then layer_variants.py's register caps: each quantizer call of the layer under
 #   maxnreg none/96/64 (CAPS) at the three shapes (SHAPES="T,K,N;..." for others), and the layer with the measured
-#   per-kind caps (the default since round 7) against the uncapped layer and BF16, RTN and SR (VARIANTS); SECTIONS=inscale,layer
-#   times the FP8 inputs' scales per element vs per row instead of the caps
+#   per-kind caps (the default since round 7) against the uncapped layer and BF16, RTN and SR (VARIANTS); SECTIONS picks
+#   other layer_variants.py sections instead (round 7: inscale,layer; round 8: split,layer with
+#   VARIANTS=tuned,default,tuned_sr,default_sr)
 #   -> gpu_tests.txt, caps.json / .log
 set -uo pipefail
 mode=${1:-variants}

@@ -288,56 +288,61 @@ def bench_in_scale(T: int, K: int, N: int, dev: str, timing: dict) -> dict:
     return _time_calls("input scales", [T, K, N], fns, dev, timing)
 
 
+def _block128_calls(T: int, K: int, N: int, dev: str) -> dict:
+    """:func:`_layer_calls` at one shape, plus the backward's Ŵᵀ and X̂ᵀ with SR (``wt_bwd_sr``, ``xt_bwd_sr``)."""
+    calls = _layer_calls(*_operands(T, K, N, dev, 3), 128, **BWD)
+    for name in ("wt_bwd", "xt_bwd"):
+        calls[f"{name}_sr"] = lambda name=name, **k: calls[name](stochastic=True, **k)
+    return calls
+
+
+def _launch_grid(label: str, shape: list, calls: dict, names, settings, launch, tag: str, ref, dev: str,
+                 timing: dict) -> dict:
+    """Each call of ``names`` under each launch setting (``launch(fn, *setting)`` gives the callable; its figure is
+    ``f"{name}@" + tag.format(*setting)``), timed interleaved; every setting but ``ref`` has its outputs checked bitwise
+    against ``ref``'s (``bitwise`` in the JSON: a launch setting must not change them)."""
+    bitwise = {}
+    for name in names:
+        want = launch(calls[name], *ref)()
+        for setting in settings:
+            if setting != ref:
+                bitwise[f"{name}@" + tag.format(*setting)] = _same_outputs(want, launch(calls[name], *setting)())
+    fns = {f"{n}@" + tag.format(*st): launch(calls[n], *st) for n in names for st in settings}
+    return {**_time_calls(label, shape, fns, dev, timing), "bitwise": bitwise}
+
+
 #: (warps, register cap) of the ``warps`` section's 128×128-tile launches (16 warps uncapped: the default tile)
 BLOCK128_LAUNCHES = ((16, 0), (16, 64), (32, 0), (8, 0))
 
 
 def bench_block128_warps(T: int, K: int, N: int, dev: str, timing: dict) -> dict:
-    """The layer's three 128×128-tile calls (W forward, Ŵᵀ and X̂ᵀ backward) under each (warps, cap) of
-    :data:`BLOCK128_LAUNCHES`, interleaved: more warps in one program vs more programs per SM. Each launch's outputs
-    are checked bitwise against the default's first (``bitwise`` in the JSON: a launch setting must not change them)."""
-    calls = _layer_calls(*_operands(T, K, N, dev, 3), 128, **BWD)
-
+    """The layer's three 128×128-tile calls (W forward, Ŵᵀ and X̂ᵀ backward) in one piece under each (warps, cap) of
+    :data:`BLOCK128_LAUNCHES`, interleaved: more warps in one program vs more programs per SM; outputs checked
+    bitwise against the default tile's."""
     def launch(fn, warps, cap):
-        return _with_quant_flags(lambda: fn(maxnreg=cap), BLOCK128_WARPS=warps, BLOCK128_SPLIT=_splits(1))  # one piece
+        return _with_quant_flags(lambda: fn(maxnreg=cap), BLOCK128_WARPS=warps, BLOCK128_SPLIT=_splits(1))
 
-    names = ("w_fwd", "wt_bwd", "xt_bwd")
-    bitwise = {}
-    for name in names:
-        ref = launch(calls[name], *BLOCK128_LAUNCHES[0])()
-        for warps, cap in BLOCK128_LAUNCHES[1:]:
-            bitwise[f"{name}@w{warps}c{cap}"] = _same_outputs(ref, launch(calls[name], warps, cap)())
-    fns = {f"{n}@w{w}c{c}": launch(calls[n], w, c) for n in names for w, c in BLOCK128_LAUNCHES}
-    return {**_time_calls("128x128 launches", [T, K, N], fns, dev, timing), "bitwise": bitwise}
+    return _launch_grid("128x128 launches", [T, K, N], _block128_calls(T, K, N, dev), ("w_fwd", "wt_bwd", "xt_bwd"),
+                        BLOCK128_LAUNCHES, launch, "w{}c{}", BLOCK128_LAUNCHES[0], dev, timing)
 
 
 #: (row slices, register cap) of the ``split`` section's 128×128-block launches: (1, None) is round 7's one-piece
-#: 16-warp tile under round 7's caps (``ROUND7_CAPS``); 0 runs a launch uncapped
+#: 16-warp tile under round 7's caps (``ROUND7_CAPS``); 0 runs a launch uncapped; ("default", None) today's tables
 SPLIT_LAUNCHES = ((1, None), (2, 0), (4, 0), (8, 0), (4, 96), (8, 96))
 
 
 def bench_block128_split(T: int, K: int, N: int, dev: str, timing: dict) -> dict:
     """The layer's 128×128-block calls (W forward, Ŵᵀ and X̂ᵀ backward, both also with SR) as one 16-warp tile or in
     row slices (``triton_quant.BLOCK128_SPLIT``) under register caps, and under today's default tables, interleaved;
-    every launch's outputs checked bitwise against the one-piece tile's (``bitwise`` in the JSON)."""
-    calls = _layer_calls(*_operands(T, K, N, dev, 3), 128, **BWD)
-    for name in ("wt_bwd", "xt_bwd"):
-        calls[f"{name}_sr"] = lambda name=name, **k: calls[name](stochastic=True, **k)
-
+    every launch's outputs checked bitwise against the one-piece tile's."""
     def launch(fn, split, cap):
         if split == "default":
             return fn
         return _with_quant_flags(lambda: fn(maxnreg=cap), BLOCK128_SPLIT=_splits(split), MAXNREG=dict(ROUND7_CAPS))
 
-    names = ("w_fwd", "wt_bwd", "wt_bwd_sr", "xt_bwd", "xt_bwd_sr")
-    launches = (*SPLIT_LAUNCHES, ("default", None))
-    bitwise = {}
-    for name in names:
-        ref = launch(calls[name], *SPLIT_LAUNCHES[0])()
-        for split, cap in launches[1:]:
-            bitwise[f"{name}@s{split}c{cap}"] = _same_outputs(ref, launch(calls[name], split, cap)())
-    fns = {f"{n}@s{s}c{c}": launch(calls[n], s, c) for n in names for s, c in launches}
-    return {**_time_calls("128x128 slices", [T, K, N], fns, dev, timing), "bitwise": bitwise}
+    return _launch_grid("128x128 slices", [T, K, N], _block128_calls(T, K, N, dev),
+                        ("w_fwd", "wt_bwd", "wt_bwd_sr", "xt_bwd", "xt_bwd_sr"), (*SPLIT_LAUNCHES, ("default", None)),
+                        launch, "s{}c{}", SPLIT_LAUNCHES[0], dev, timing)
 
 
 #: (row slices, warps) of the ``slicewarps`` section's sliced 128×128 launches (uncapped; 4 warps is the default)
@@ -347,22 +352,13 @@ SLICE_WARPS = ((4, 4), (4, 8), (2, 8), (8, 4), (8, 8))
 def bench_split_warps(T: int, K: int, N: int, dev: str, timing: dict) -> dict:
     """The sliced 128×128-block calls (W forward; Ŵᵀ, X̂ᵀ with SR; X̂ᵀ RTN) under each (slices, warps) of
     :data:`SLICE_WARPS` (``triton_quant.BLOCK128_SPLIT_WARPS``), interleaved, each launch's outputs checked bitwise
-    against the one-piece tile's."""
-    calls = _layer_calls(*_operands(T, K, N, dev, 3), 128, **BWD)
-    for name in ("wt_bwd", "xt_bwd"):
-        calls[f"{name}_sr"] = lambda name=name, **k: calls[name](stochastic=True, **k)
-
+    against the one-piece tile's (one slice)."""
     def launch(fn, split, warps):
         return _with_quant_flags(lambda: fn(maxnreg=0), BLOCK128_SPLIT=_splits(split), BLOCK128_SPLIT_WARPS=warps)
 
-    names = ("w_fwd", "wt_bwd_sr", "xt_bwd", "xt_bwd_sr")
-    bitwise = {}
-    for name in names:
-        ref = _with_quant_flags(calls[name], BLOCK128_SPLIT=_splits(1))()
-        for split, warps in SLICE_WARPS:
-            bitwise[f"{name}@s{split}w{warps}"] = _same_outputs(ref, launch(calls[name], split, warps)())
-    fns = {f"{n}@s{s}w{w}": launch(calls[n], s, w) for n in names for s, w in SLICE_WARPS}
-    return {**_time_calls("sliced 128x128 warps", [T, K, N], fns, dev, timing), "bitwise": bitwise}
+    return _launch_grid("sliced 128x128 warps", [T, K, N], _block128_calls(T, K, N, dev),
+                        ("w_fwd", "wt_bwd_sr", "xt_bwd", "xt_bwd_sr"), SLICE_WARPS, launch, "s{}w{}", (1, 4), dev,
+                        timing)
 
 
 def table(result: dict) -> str:
@@ -458,22 +454,13 @@ def main(argv=None) -> int:
             result["caps"].append(bench_caps(T, K, N, dev, timing, caps))
             bench.empty()
             save()
-    if "inscale" in sections:
-        result["in_scale"] = bench_in_scale(*square, dev, timing)
-        bench.empty()
-        save()
-    if "split" in sections:
-        result["split"] = bench_block128_split(*square, dev, timing)
-        bench.empty()
-        save()
-    if "slicewarps" in sections:
-        result["slice_warps"] = bench_split_warps(*square, dev, timing)
-        bench.empty()
-        save()
-    if "warps" in sections:
-        result["warps"] = bench_block128_warps(*square, dev, timing)
-        bench.empty()
-        save()
+    one_shape = {"inscale": ("in_scale", bench_in_scale), "split": ("split", bench_block128_split),
+                 "slicewarps": ("slice_warps", bench_split_warps), "warps": ("warps", bench_block128_warps)}
+    for section, (key, bench_fn) in one_shape.items():
+        if section in sections:
+            result[key] = bench_fn(*square, dev, timing)
+            bench.empty()
+            save()
     for T, K, N in shapes if "layer" in sections else []:
         result["shapes"].append(bench_shape(T, K, N, dev, bench.engine, variants, timing,
                                             profile=not args.no_profile and (T, K, N) == (16384, 4096, 4096)))

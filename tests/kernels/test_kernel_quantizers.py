@@ -550,6 +550,11 @@ def test_transposed_fp8_input_scales_per_row_change_nothing(blk, monkeypatch):
         _assert_same_outputs(out[False], out[True], ("deq", "fp8", "block_scale", "row_scale", "flushed"), kw)
 
 
+def _slices(n: int) -> dict:
+    """A ``BLOCK128_SPLIT`` table giving every 128×128 launch kind ``n`` row slices."""
+    return dict.fromkeys(tq.BLOCK128_SPLIT_MEASURED, n)
+
+
 def test_a_sliced_128x128_block_changes_nothing(monkeypatch):
     """``BLOCK128_SPLIT``: a 128×128-block program run as row slices that store E2M1 values and group exponents, then
     fold in place by the block's exponent, gives bitwise the one-piece tile's outputs — FP8 values, block scales, masks,
@@ -583,14 +588,14 @@ def test_a_sliced_128x128_block_changes_nothing(monkeypatch):
     for name, (t, kw) in recipes.items():
         out = {}
         for split in (1, 2, 4, 8):
-            monkeypatch.setattr(tq, "BLOCK128_SPLIT", dict.fromkeys(tq.BLOCK128_SPLIT_MEASURED, split))
+            monkeypatch.setattr(tq, "BLOCK128_SPLIT", _slices(split))
             out[split] = tq.mx_quantize(t, **kw)
         for split in (2, 4, 8):
             _assert_same_outputs(out[1], out[split], ("deq", "mask", "mask_bits", "fp8", "block_scale", "flushed"),
                                  (name, split))
         if name == "W fwd":
             assert out[1].flushed.item() > 0  # the flush path ran
-    monkeypatch.setattr(tq, "BLOCK128_SPLIT", dict.fromkeys(tq.BLOCK128_SPLIT_MEASURED, 3))
+    monkeypatch.setattr(tq, "BLOCK128_SPLIT", _slices(3))
     with pytest.raises(ValueError, match="BLOCK128_SPLIT"):
         tq.mx_quantize(xb, rule="absmax", fp8="e4m3", fp8_block=128)
 
@@ -601,7 +606,7 @@ def test_the_slices_table_from_the_environment(monkeypatch):
     monkeypatch.delenv("QUARTET_QBLOCK128_SPLIT", raising=False)
     assert tq._split_from_env() == tq.BLOCK128_SPLIT_MEASURED
     monkeypatch.setenv("QUARTET_QBLOCK128_SPLIT", " 1 ")
-    assert tq._split_from_env() == dict.fromkeys(tq.BLOCK128_SPLIT_MEASURED, 1)
+    assert tq._split_from_env() == _slices(1)
     for bad in ("3", "four", "16"):
         monkeypatch.setenv("QUARTET_QBLOCK128_SPLIT", bad)
         with pytest.raises(ValueError, match="QUARTET_QBLOCK128_SPLIT"):
@@ -610,7 +615,7 @@ def test_the_slices_table_from_the_environment(monkeypatch):
 
 @pytest.mark.parametrize("rule", ["absmax", "rtn_absmax"])
 @pytest.mark.parametrize("rotate", [False, True])
-def test_absmax_nonfinite_groups_are_nan_as_the_oracle(rule, rotate):
+def test_absmax_nonfinite_groups_are_nan_as_the_oracle(rule, rotate, monkeypatch):
     """The backward's absmax rules on groups holding Inf or NaN (an overflowed gradient): NaN values, E8M0 code 255 and
     element codes 0, NaN in block-scaled FP8 (not counted as flushes, one-piece or sliced 128×128 blocks) — as the
     oracle and QuEST — and every other group bitwise the oracle's. (The GPU's plain max drops NaN and its min turns NaN
@@ -631,13 +636,10 @@ def test_absmax_nonfinite_groups_are_nan_as_the_oracle(rule, rotate):
     assert _equal_nan(out.deq, ref)
     assert torch.equal(out.e8m0.cpu() == 255, nan_g)
     assert (out.codes.cpu().reshape(128, -1, 16)[nan_g] == 0).all()
-    for blk in (1, 128):
-        for split in (1, 4):
-            with pytest.MonkeyPatch.context() as mp:
-                mp.setattr(tq, "BLOCK128_SPLIT", dict.fromkeys(tq.BLOCK128_SPLIT_MEASURED, split))
-                f = tq.mx_quantize(x.to(DEV), rule=rule, hadamard=rotate, fp8="e4m3", fp8_block=blk,
-                                   out_dtype=torch.float32)
-            v = f.fp8_values().cpu()
-            assert torch.equal(torch.isnan(v), torch.isnan(ref)), (blk, split)
-            ok = ~torch.isnan(v)
-            assert f.flushed.item() == (v[ok] != ref[ok]).sum().item() == 0, (blk, split)
+    for blk, split in ((1, 1), (128, 1), (128, 4)):  # (slices apply to 128x128 blocks only)
+        monkeypatch.setattr(tq, "BLOCK128_SPLIT", _slices(split))
+        f = tq.mx_quantize(x.to(DEV), rule=rule, hadamard=rotate, fp8="e4m3", fp8_block=blk, out_dtype=torch.float32)
+        v = f.fp8_values().cpu()
+        assert torch.equal(torch.isnan(v), torch.isnan(ref)), (blk, split)
+        ok = ~torch.isnan(v)
+        assert f.flushed.item() == (v[ok] != ref[ok]).sum().item() == 0, (blk, split)
