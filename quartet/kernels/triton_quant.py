@@ -337,8 +337,8 @@ if HAS_TRITON:
             # a group holding Inf/NaN: NaN values, mask False, E8M0 NaN, FP8 NaN. QuEST's (a non-finite σ: e = 128)
             # multiplies its scale by NaN (gnan). An absmax group's (a non-finite amax, bad_g) values turn NaN by
             # themselves: its inverse scale is NaN and the rounding keeps NaN; leaving nan_g constant False under
-            # the absmax rules keeps the per-group NaN work out of the backward's kernels (with it live, the RTN calls
-            # ran 2.5-5.5% slower: benchmarks/results/bench_round8/nan_plainmax_rotated)
+            # the absmax rules keeps the per-group NaN work out of the backward's kernels (with it live, E and Eᵀ RTN
+            # ran 4.5-5.5% slower: benchmarks/results/bench_round8/nan_plainmax_rotated)
             nan_g = e > 127
             e = tl.minimum(e, 127)
             gnan = tl.where(nan_g, float("nan"), 1.0)  # multiplies a group's scale: NaN values without a per-element select
