@@ -66,6 +66,11 @@ RECIPES = {
         dict(RULE=1, WRITE_MASK=False, HAS_SIGNS=2, COL_ORDER=True, IN_SCALE=3, IN_T=True, IN_BR=128, SCALE_BR=128,
              BLOCK_R=128, IN_SCALE_VEC=True), 16),
 }
+# the SR backward's transposed 128x128 calls as the layer launches them (round 8: 8 row slices of 16 rows, 4 warps;
+# a sliced block keeps its group exponents as int8 until the block's fold)
+RECIPES.update({name.replace("RTN", "SR").replace("transposed)", "transposed, 8 slices)"): (
+    {**ptr, "scale_ptr": "i8"}, ints, {**c, "STOCHASTIC": True, "BLOCK_R": 16, "SPLIT": 8}, 4)
+    for name, (ptr, ints, c, w) in list(RECIPES.items()) if name.startswith(("Xt", "Wt")) and "128x128" in name})
 # before round 7 the transposed FP8 inputs' scales were loaded per element (triton_quant.IN_SCALE_PER_ROW = False)
 RECIPES.update({name[:-1] + ", scale per element)": (ptr, ints, {**c, "IN_SCALE_VEC": False}, w)
                 for name, (ptr, ints, c, w) in list(RECIPES.items()) if c.get("IN_SCALE_VEC")})

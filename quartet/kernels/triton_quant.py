@@ -377,24 +377,29 @@ if HAS_TRITON:
                         sd = tl.load(seed)
                     else:
                         sd = seed
-                    # one Philox call yields four 32-bit numbers, each split into two 16-bit uniforms: draw per
+                    # one Philox call yields four 32-bit numbers, each split into two 16-bit uniforms r: draw per
                     # (group, 4 lanes) and spread the 32 uniforms over the group's 32 elements (a fixed bijection),
-                    # an eighth of tl.rand's work. 16 bits resolve P(up) to 2^-16 of a grid gap (a bias below
-                    # 1.5e-5 of the gap, far under bf16's input rounding); the generator was the SR kernel's cost
+                    # an eighth of tl.rand's work; the generator was the SR kernel's cost
                     offs4 = gid[:, None] * 4 + tl.arange(0, 4)[None, :]
                     r0, r1, r2, r3 = tl.randint4x(sd, offs4)
                     rr = tl.join(tl.join(r0, r1), tl.join(r2, r3))
+                    # r written under the exponent of 2^23 is the float 2^23 + r, exactly: no int->float conversion
+                    # (a quarter-rate instruction); the high half takes one LEA.HI, the low half two LOP3
                     rr = tl.reshape(tl.join(rr & 0xFFFF, rr >> 16), (G, 32))
-                    rnd = rr.to(tl.float32) * 1.52587890625e-05  # 16 bits -> [0, 1)
-                    # grid spacing of E2M1 around a (0.5 below 2, 1 below 4, then 2) and its inverse, by
-                    # selects rather than a division (the kernel is instruction bound)
+                    u = (rr | 0x4B000000).to(tl.float32, bitcast=True)
+                    # a/st = n + f (st the E2M1 grid step around a: 0.5 below 2, 1 below 4, then 2; n whole, f in
+                    # [0, 1)) must go up to n + 1 with probability f. In units of 2^-16 of a step: one FMA gives
+                    # v = 2^23 + r + round(2^16·a/st) exactly (a/st·2^16 is exact, the sum's ulp is 1), and n or
+                    # n + 1 = floor(v/2^16 - 128), up when r >= 2^16 - round(2^16·f): P(up) = round(2^16·f)/2^16,
+                    # within 2^-17 of f and centred. Two FMAs, a floor and a multiply instead of a floor, five
+                    # arithmetic ops, a compare and a select (selects, not a division: the kernel is instruction
+                    # bound). Grid points (f = 0) and zero never move (r < 2^16); NaN stays NaN, Inf clamps to 6
                     big = a >= 4.0
                     mid = a >= 2.0
-                    inv = tl.where(big, 0.5, tl.where(mid, 1.0, 2.0))
+                    inv_ulp = tl.where(big, 32768.0, tl.where(mid, 65536.0, 131072.0))  # 2^16 / st
                     step = tl.where(big, 2.0, tl.where(mid, 1.0, 0.5))
-                    lo = tl.floor(a * inv) * step
-                    up = rnd < (a - lo) * inv
-                    q = tl.minimum(tl.where(up, lo + step, lo), 6.0, propagate_nan=tl.PropagateNan.ALL)
+                    n = tl.floor((a * inv_ulp + u) * 1.52587890625e-05 - 128.0)
+                    q = tl.minimum(n * step, 6.0, propagate_nan=tl.PropagateNan.ALL)
                 else:
                     q = _rtn_e2m1(a)
                 neg = yq < 0

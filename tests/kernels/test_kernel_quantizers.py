@@ -197,6 +197,37 @@ def test_sr_rounds_up_with_the_right_probability():
     assert ((up - expect).abs() <= 5 * torch.sqrt(expect * (1 - expect) / n) + 1e-3).all(), (up, expect)
 
 
+def test_sr_keeps_grid_points_and_picks_a_neighbour():
+    """Every SR value is one of its two E2M1 grid neighbours, values on the grid (zero included) never move, values
+    just off a grid point go to it or its neighbour, and a group holding Inf or NaN comes back NaN (absmax)."""
+    g = torch.Generator().manual_seed(11)
+    rows = 64
+    # each row: two 32-groups led by 4 (pins the absmax scale: a = 0.75·|x|, so 4 -> 3 and 2 -> 1.5 on the grid)
+    on_grid = torch.tensor([0.0, 2.0, -2.0, 4.0, -4.0])[torch.randint(0, 5, (rows // 2, 64), generator=g)]
+    off_grid = (torch.rand(rows // 2, 64, generator=g) * 8 - 4)
+    x = torch.cat([on_grid, off_grid]).to(torch.bfloat16)
+    x[rows // 2:, 1] = 4.0 * (1 - 2.0 ** -8)                  # just below a grid point (a = 3 - 2^-8·3)
+    x[rows // 2:, 2] = 2.0 ** -20                             # just above zero
+    x[:, ::32] = 4.0
+    x[3, 40] = float("inf")                                   # the second group of rows 3 and 5 goes NaN
+    x[5, 33] = float("nan")
+    xf = x.float()
+    a = torch.nan_to_num(xf.abs() * 0.75, nan=0.0).clamp(max=6.0)
+    grid = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+    lo = grid[torch.searchsorted(grid, a, right=True) - 1]
+    hi = grid[torch.searchsorted(grid, a)]
+    bad = torch.zeros_like(x, dtype=torch.bool)
+    bad[3, 32:] = bad[5, 32:] = True
+    for seed in range(6):
+        q = tq.mx_quantize(x.to(DEV), rule="absmax", stochastic=True, seed=seed, hadamard=False,
+                           out_dtype=torch.float32).deq.cpu()
+        assert torch.isnan(q[bad]).all() and not torch.isnan(q[~bad]).any(), seed
+        m = q[~bad].abs() * 0.75
+        assert ((m == lo[~bad]) | (m == hi[~bad])).all(), seed
+        assert (torch.sign(q[~bad]) * torch.sign(xf[~bad]) >= 0).all(), seed
+        assert torch.equal(q[: rows // 2][~bad[: rows // 2]], xf[: rows // 2][~bad[: rows // 2]]), seed
+
+
 def test_sr_unbiased_reproducible_and_distinct_streams():
     g = torch.Generator().manual_seed(0)
     x = torch.randn(32, 64, generator=g).to(torch.bfloat16)
