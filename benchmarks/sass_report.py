@@ -53,6 +53,8 @@ RECIPES = {
     "E absmax RTN 1x128": ({}, {}, dict(RULE=1, WRITE_MASK=False, HAS_SIGNS=2), 4),
     "E absmax SR 1x128": ({}, {}, dict(RULE=1, WRITE_MASK=False, HAS_SIGNS=2, STOCHASTIC=True), 4),
     "Et absmax RTN 1x128 (transposed)": ({}, _T, dict(RULE=1, WRITE_MASK=False, HAS_SIGNS=2, COL_ORDER=True), 4),
+    "Et absmax SR 1x128 (transposed)": ({}, _T, dict(RULE=1, WRITE_MASK=False, HAS_SIGNS=2, COL_ORDER=True,
+                                                      STOCHASTIC=True), 4),
     "Xt absmax RTN 128x128 (fp8 in, transposed)": (
         {"x_ptr": "fp8e4nv"}, {**_T, "in_s0": 1, "in_s1": R},
         dict(RULE=1, WRITE_MASK=False, HAS_SIGNS=2, COL_ORDER=True, IN_SCALE=3, IN_T=True, SCALE_BR=128, BLOCK_R=128,

@@ -675,8 +675,12 @@ BLOCK128_SPLIT = _split_from_env()
 #: slower; 64 made the transposed 128×128 read of X̂ᵀ 15% faster (204.6 → 173.4 µs; Ŵᵀ within ±1%) and W's direct
 #: read 25% slower. ``QUARTET_MAXNREG`` overrides the table for a process: ``none`` (nothing capped) or ``a[,b]``
 #: (``a`` for both 1×128 kinds, ``b`` for both 128×128 kinds, default ``a``; either may be ``none``);
-#: ``mx_quantize(maxnreg=...)`` overrides it per call.
-MAXNREG_MEASURED: dict[str, int | None] = {"1x128": 96, "1x128 T": None, "128x128": None, "128x128 T": 64}
+#: ``mx_quantize(maxnreg=...)`` overrides it per call. A key ``"<kind> SR"`` gives stochastic rounding's launches of that
+#: kind their own cap (else they take the kind's): round 9's SR rounding made the transposed 1×128 SR read compile to
+#: 135 registers (3 programs per SM instead of 4) and run 8% slower (Eᵀ SR 156.5 → 169.7 µs, H200,
+#: ``benchmarks/results/bench_round9/sr_ab``); capped at 128 it keeps 4 programs per SM without spills.
+MAXNREG_MEASURED: dict[str, int | None] = {"1x128": 96, "1x128 T": None, "1x128 T SR": 128, "128x128": None,
+                                           "128x128 T": 64}
 
 
 def _caps_from_env() -> dict[str, int | None]:
@@ -798,7 +802,7 @@ def mx_quantize(
     if split not in (1, 2, 4, 8):
         raise ValueError(f"BLOCK128_SPLIT must give 1, 2, 4 or 8 row slices of a 128x128 block, got {split!r}")
     if maxnreg is None and fp8_block in (1, 128) and split == 1:
-        maxnreg = MAXNREG[kind]
+        maxnreg = MAXNREG.get(kind + " SR", MAXNREG[kind]) if stochastic else MAXNREG[kind]
     if maxnreg is not None and not (isinstance(maxnreg, int) and (maxnreg == 0 or 24 <= maxnreg <= 255)):
         raise ValueError(f"maxnreg must be an int in [24, 255] (registers per thread) or 0 (no cap), got {maxnreg!r}")
     dev = x.device

@@ -516,12 +516,12 @@ class _LaunchSpy:
 
 
 def test_each_launch_kind_gets_its_register_cap(monkeypatch):
-    """The block-scaled FP8 launches take the cap of their tile and read from ``MAXNREG`` (round 7's measured table by
-    default); other launches, and 128×128 blocks run in slices (``BLOCK128_SPLIT``), are uncapped; ``maxnreg=``
+    """The block-scaled FP8 launches take the cap of their tile and read from ``MAXNREG`` (the measured table by
+    default; a ``<kind> SR`` entry for stochastic rounding's); other launches, and 128×128 blocks run in slices (``BLOCK128_SPLIT``), are uncapped; ``maxnreg=``
     overrides the table per call and ``0`` lifts the cap."""
     assert tq.MAXNREG == tq.MAXNREG_MEASURED  # nothing in the test environment overrides it
     assert tq.BLOCK128_SPLIT == tq.BLOCK128_SPLIT_MEASURED
-    table = {"1x128": 91, "1x128 T": None, "128x128": 77, "128x128 T": 64}
+    table = {"1x128": 91, "1x128 T": None, "1x128 T SR": 111, "128x128": 77, "128x128 T": 64}
     monkeypatch.setattr(tq, "MAXNREG", table)
     monkeypatch.setattr(tq, "BLOCK128_SPLIT", {"128x128": 1, "128x128 SR": 4, "128x128 T": 1, "128x128 T SR": 1})
     spy = _LaunchSpy(tq._mx_quant_kernel)
@@ -531,6 +531,8 @@ def test_each_launch_kind_gets_its_register_cap(monkeypatch):
     for kw, cap in [(dict(fp8_block=1), 91), (dict(fp8_block=1, axis=0), None), (dict(fp8_block=128), 77),
                     (dict(fp8_block=128, axis=0), 64), (dict(fp8_block=1, maxnreg=0), None),
                     (dict(fp8_block=1, axis=0, maxnreg=80), 80),
+                    # stochastic rounding takes its kind's own entry where the table has one, else the kind's
+                    (dict(fp8_block=1, axis=0, stochastic=True), 111), (dict(fp8_block=1, stochastic=True), 91),
                     # a sliced 128x128 launch (here the SR kind's) runs uncapped unless the call caps it
                     (dict(fp8_block=128, stochastic=True), None), (dict(fp8_block=128, stochastic=True, maxnreg=96), 96),
                     (dict(fp8_block=128, axis=0, stochastic=True), 64)]:
@@ -546,7 +548,8 @@ def test_each_launch_kind_gets_its_register_cap(monkeypatch):
 def test_the_register_cap_table_from_the_environment(monkeypatch):
     """``QUARTET_MAXNREG``: unset -> the measured table; ``none`` -> no caps; ``a[,b]`` -> a for the 1×128 reads, b
     (default a) for the 128×128 ones, each cap an int or ``none``; anything else a one-line error naming the variable."""
-    cases = {"": tq.MAXNREG_MEASURED, "none": dict.fromkeys(tq.MAXNREG_MEASURED),
+    # (an override names the four tile/read kinds: stochastic rounding's launches then take their kind's cap)
+    cases = {"": tq.MAXNREG_MEASURED, "none": dict.fromkeys(["1x128", "1x128 T", "128x128", "128x128 T"]),
              "96": {"1x128": 96, "1x128 T": 96, "128x128": 96, "128x128 T": 96},
              "96,64": {"1x128": 96, "1x128 T": 96, "128x128": 64, "128x128 T": 64},
              " 80, None ": {"1x128": 80, "1x128 T": 80, "128x128": None, "128x128 T": None}}
