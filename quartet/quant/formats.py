@@ -206,16 +206,21 @@ def fp8_quantize(x: torch.Tensor, fmt: str = "e4m3", scaling: str = "tensor") ->
     """
     if fmt not in _FP8_DTYPES:
         raise ValueError(f"fp8 format must be one of {sorted(_FP8_DTYPES)}, got {fmt!r}")
-    fmax = _FP8_DTYPES[fmt][1]
     x = x.float()
+    scale = _absmax_scale(x, scaling, _FP8_DTYPES[fmt][1], "fp8")
+    return round_to_fp8(x / scale, fmt) * scale, scale
+
+
+def _absmax_scale(x: torch.Tensor, scaling: str, qmax: float, what: str) -> torch.Tensor:
+    """amax(|x|)/qmax over the tensor (``scaling="tensor"``) or per row of the last dim (``"row"``, keepdim); 1 where
+    the amax is 0, so an all-zero tensor or row divides by 1 and stays 0."""
     if scaling == "tensor":
         amax = x.abs().amax()
     elif scaling == "row":
         amax = x.abs().amax(dim=-1, keepdim=True)
     else:
-        raise ValueError(f"fp8 scaling must be 'tensor' or 'row', got {scaling!r}")
-    scale = torch.where(amax > 0, amax * (1.0 / fmax), torch.ones_like(amax))
-    return round_to_fp8(x / scale, fmt) * scale, scale
+        raise ValueError(f"{what} scaling must be 'tensor' or 'row', got {scaling!r}")
+    return torch.where(amax > 0, amax * (1.0 / qmax), torch.ones_like(amax))
 
 
 def round_to_int4(y: torch.Tensor, stochastic: bool = False, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -236,11 +241,5 @@ def int4_quantize(x: torch.Tensor, scaling: str = "row", stochastic: bool = Fals
     ``scaling`` is ``"row"`` (one scale per row of the last dim) or ``"tensor"``.
     """
     x = x.float()
-    if scaling == "tensor":
-        amax = x.abs().amax()
-    elif scaling == "row":
-        amax = x.abs().amax(dim=-1, keepdim=True)
-    else:
-        raise ValueError(f"int4 scaling must be 'tensor' or 'row', got {scaling!r}")
-    scale = torch.where(amax > 0, amax * (1.0 / INT4_MAX), torch.ones_like(amax))
+    scale = _absmax_scale(x, scaling, INT4_MAX, "int4")
     return round_to_int4(x / scale, stochastic, generator) * scale, scale
