@@ -74,6 +74,13 @@ def test_fp8_and_int4_helpers():
     assert ((q / s) - (q / s).round()).abs().max() < 1e-4
     with pytest.raises(ValueError):
         F.fp8_quantize(y, "e3m4")
+    # an all-zero row keeps scale 1 and stays zero; a bad scaling is a one-line error naming the format family
+    y[3] = 0.0
+    for quantize, what, args in ((F.fp8_quantize, "fp8", ("e4m3",)), (F.int4_quantize, "int4", ())):
+        q, s = quantize(y, *args, scaling="row")
+        assert s[3].item() == 1.0 and not q[3].any()
+        with pytest.raises(ValueError, match=f"^{what} scaling must be 'tensor' or 'row', got 'col'$"):
+            quantize(y, *args, scaling="col")
 
 
 @pytest.mark.parametrize("n", [32, 64, 128, 256])
