@@ -384,8 +384,8 @@ if HAS_TRITON:
                     r0, r1, r2, r3 = tl.randint4x(sd, offs4)
                     rr = tl.join(tl.join(r0, r1), tl.join(r2, r3))
                     # r written under the exponent of 2^23 is the float 2^23 + r, exactly: no int->float conversion
-                    # (I2F: 16 per clock per SM on Hopper by the CUDA guide's table, an eighth of the FMA rate); the
-                    # high half takes one LEA.HI, the low half two LOP3
+                    # (I2F, an instruction of the slower conversion unit); the high half takes one LEA.HI, the low half
+                    # two LOP3
                     rr = tl.reshape(tl.join(rr & 0xFFFF, rr >> 16), (G, 32))
                     u = (rr | 0x4B000000).to(tl.float32, bitcast=True)
                     # a/st = n + f (st the E2M1 grid step around a: 0.5 below 2, 1 below 4, then 2; n whole, f in
