@@ -46,14 +46,6 @@ from quartet.kernels import linear as L  # noqa: E402
 from quartet.kernels import triton_quant as tq  # noqa: E402
 from quartet.kernels.timing import time_interleaved  # noqa: E402
 
-def _splits(n: int) -> dict:
-    """A slices table (``triton_quant.BLOCK128_SPLIT``) giving every 128×128 launch kind ``n`` row slices."""
-    return dict.fromkeys(tq.BLOCK128_SPLIT_MEASURED, n)
-
-
-def _caps(a: int | None, b: int | None) -> dict:
-    """A register-cap table (``triton_quant.MAXNREG``): ``a`` for both 1×128 reads, ``b`` for both 128×128 reads."""
-    return {"1x128": a, "1x128 T": a, "128x128": b, "128x128 T": b}
 
 
 #: round 7's register caps (``triton_quant.MAXNREG_MEASURED`` as round 7 left it), chosen for the one-piece 128×128 tile
@@ -62,22 +54,22 @@ ROUND7_CAPS = {"1x128": 96, "1x128 T": None, "128x128": None, "128x128 T": 64}
 #: slices table ``triton_quant.BLOCK128_SPLIT``); every variant runs today's kernels (e.g. round 7's per-row input scales), so
 #: "round 5's / 6's layer" means its layout
 VARIANTS = {
-    "r128_bool": (128, False, False, _caps(None, None), _splits(1)),   # round 5's layer
-    "r128_bits": (128, True, False, _caps(None, None), _splits(1)),    # round 6's layer (nothing capped)
-    "r1_bits": (1, True, False, _caps(None, None), _splits(1)),
-    "r128_bool_sr": (128, False, True, _caps(None, None), _splits(1)),
-    "r128_bits_sr": (128, True, True, _caps(None, None), _splits(1)),
+    "r128_bool": (128, False, False, tq.caps_table(None, None), tq.split_table(1)),   # round 5's layer
+    "r128_bits": (128, True, False, tq.caps_table(None, None), tq.split_table(1)),    # round 6's layer (nothing capped)
+    "r1_bits": (1, True, False, tq.caps_table(None, None), tq.split_table(1)),
+    "r128_bool_sr": (128, False, True, tq.caps_table(None, None), tq.split_table(1)),
+    "r128_bits_sr": (128, True, True, tq.caps_table(None, None), tq.split_table(1)),
     # round 7: register caps (1x128 tiles, 128x128 tiles); 96 spills nothing, 64 lets two 128x128 programs share an SM
-    "cap96": (128, True, False, _caps(96, None), _splits(1)),
-    "cap96_64": (128, True, False, _caps(96, 64), _splits(1)),
-    "cap80_64": (128, True, False, _caps(80, 64), _splits(1)),
-    "cap96_64_sr": (128, True, True, _caps(96, 64), _splits(1)),
+    "cap96": (128, True, False, tq.caps_table(96, None), tq.split_table(1)),
+    "cap96_64": (128, True, False, tq.caps_table(96, 64), tq.split_table(1)),
+    "cap80_64": (128, True, False, tq.caps_table(80, 64), tq.split_table(1)),
+    "cap96_64_sr": (128, True, True, tq.caps_table(96, 64), tq.split_table(1)),
     # round 7's layer: each launch kind's cap chosen from its caps section, the 128x128 blocks in one piece
-    "tuned": (128, True, False, dict(ROUND7_CAPS), _splits(1)),
-    "tuned_sr": (128, True, True, dict(ROUND7_CAPS), _splits(1)),
+    "tuned": (128, True, False, dict(ROUND7_CAPS), tq.split_table(1)),
+    "tuned_sr": (128, True, True, dict(ROUND7_CAPS), tq.split_table(1)),
     # round 8: every 128x128 block in 4 row slices of 32 (a 4-warp program, uncapped), the 1x128 caps kept
-    "split4": (128, True, False, dict(ROUND7_CAPS), _splits(4)),
-    "split4_sr": (128, True, True, dict(ROUND7_CAPS), _splits(4)),
+    "split4": (128, True, False, dict(ROUND7_CAPS), tq.split_table(4)),
+    "split4_sr": (128, True, True, dict(ROUND7_CAPS), tq.split_table(4)),
     # today's defaults (triton_quant.MAXNREG_MEASURED, BLOCK128_SPLIT_MEASURED: slices per launch kind)
     "default": (128, True, False, dict(tq.MAXNREG_MEASURED), dict(tq.BLOCK128_SPLIT_MEASURED)),
     "default_sr": (128, True, True, dict(tq.MAXNREG_MEASURED), dict(tq.BLOCK128_SPLIT_MEASURED)),
@@ -320,7 +312,7 @@ def bench_block128_warps(T: int, K: int, N: int, dev: str, timing: dict) -> dict
     :data:`BLOCK128_LAUNCHES`, interleaved: more warps in one program vs more programs per SM; outputs checked
     bitwise against the default tile's."""
     def launch(fn, warps, cap):
-        return _with_quant_flags(lambda: fn(maxnreg=cap), BLOCK128_WARPS=warps, BLOCK128_SPLIT=_splits(1))
+        return _with_quant_flags(lambda: fn(maxnreg=cap), BLOCK128_WARPS=warps, BLOCK128_SPLIT=tq.split_table(1))
 
     return _launch_grid("128x128 launches", [T, K, N], _block128_calls(T, K, N, dev), ("w_fwd", "wt_bwd", "xt_bwd"),
                         BLOCK128_LAUNCHES, launch, "w{}c{}", BLOCK128_LAUNCHES[0], dev, timing)
@@ -338,7 +330,7 @@ def bench_block128_split(T: int, K: int, N: int, dev: str, timing: dict) -> dict
     def launch(fn, split, cap):
         if split == "default":
             return fn
-        return _with_quant_flags(lambda: fn(maxnreg=cap), BLOCK128_SPLIT=_splits(split), MAXNREG=dict(ROUND7_CAPS))
+        return _with_quant_flags(lambda: fn(maxnreg=cap), BLOCK128_SPLIT=tq.split_table(split), MAXNREG=dict(ROUND7_CAPS))
 
     return _launch_grid("128x128 slices", [T, K, N], _block128_calls(T, K, N, dev),
                         ("w_fwd", "wt_bwd", "wt_bwd_sr", "xt_bwd", "xt_bwd_sr"), (*SPLIT_LAUNCHES, ("default", None)),
@@ -354,7 +346,7 @@ def bench_split_warps(T: int, K: int, N: int, dev: str, timing: dict) -> dict:
     :data:`SLICE_WARPS` (``triton_quant.BLOCK128_SPLIT_WARPS``), interleaved, each launch's outputs checked bitwise
     against the one-piece tile's (one slice)."""
     def launch(fn, split, warps):
-        return _with_quant_flags(lambda: fn(maxnreg=0), BLOCK128_SPLIT=_splits(split), BLOCK128_SPLIT_WARPS=warps)
+        return _with_quant_flags(lambda: fn(maxnreg=0), BLOCK128_SPLIT=tq.split_table(split), BLOCK128_SPLIT_WARPS=warps)
 
     return _launch_grid("sliced 128x128 warps", [T, K, N], _block128_calls(T, K, N, dev),
                         ("w_fwd", "wt_bwd_sr", "xt_bwd", "xt_bwd_sr"), SLICE_WARPS, launch, "s{}w{}", (1, 4), dev,

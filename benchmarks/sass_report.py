@@ -33,6 +33,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from quartet.kernels import triton_quant as tq  # noqa: E402
+
 R, K = 16384, 4096
 #: pointer argument -> Triton type of a default recipe (bf16 input, FP8 e4m3 output, bool mask)
 POINTERS = dict(x_ptr="bf16", in_scale_ptr="fp32", signs_ptr="fp32", h_ptr="fp32", deq_ptr="bf16", mask_ptr="i8",
@@ -68,10 +70,12 @@ RECIPES = {
         dict(RULE=1, WRITE_MASK=False, HAS_SIGNS=2, COL_ORDER=True, IN_SCALE=3, IN_T=True, IN_BR=128, SCALE_BR=128,
              BLOCK_R=128, IN_SCALE_VEC=True), 16),
 }
-# the SR backward's transposed 128x128 calls as the layer launches them (round 8: 8 row slices of 16 rows, 4 warps;
+# the SR backward's transposed 128x128 calls as the layer launches them (triton_quant's slices table and sliced warps;
 # a sliced block keeps its group exponents as int8 until the block's fold)
-RECIPES.update({name.replace("RTN", "SR").replace("transposed)", "transposed, 8 slices)"): (
-    {**ptr, "scale_ptr": "i8"}, ints, {**c, "STOCHASTIC": True, "BLOCK_R": 16, "SPLIT": 8}, 4)
+_SR_T_SLICES = tq.BLOCK128_SPLIT_MEASURED["128x128 T SR"]
+RECIPES.update({name.replace("RTN", "SR").replace("transposed)", f"transposed, {_SR_T_SLICES} slices)"): (
+    {**ptr, "scale_ptr": "i8"}, ints, {**c, "STOCHASTIC": True, "BLOCK_R": 128 // _SR_T_SLICES, "SPLIT": _SR_T_SLICES},
+    tq.BLOCK128_SPLIT_WARPS)
     for name, (ptr, ints, c, w) in list(RECIPES.items()) if name.startswith(("Xt", "Wt")) and "128x128" in name})
 # before round 7 the transposed FP8 inputs' scales were loaded per element (triton_quant.IN_SCALE_PER_ROW = False)
 RECIPES.update({name[:-1] + ", scale per element)": (ptr, ints, {**c, "IN_SCALE_VEC": False}, w)
@@ -90,8 +94,6 @@ def compile_recipe(pointers: dict, ints: dict, consts: dict, warps: int, maxnreg
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-
-    from quartet.kernels import triton_quant as tq
 
     fn = tq._mx_quant_kernel
     if not hasattr(fn, "cache_key"):

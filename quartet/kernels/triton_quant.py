@@ -177,6 +177,14 @@ if HAS_TRITON:
         return q, e, offs, inb, rmask
 
     @triton.jit
+    def _store_staged(sq, e_stage, fp8_ptr, gexp_ptr, offs, inb, rows, k0, rmask, K):
+        """A one-pass fold's first stage for groups ``(rows, k0)``: the signed E2M1 values ``sq`` (exact in either FP8
+        format; NaN for a non-finite group) and the int8 group exponents ``e_stage``, read back by :func:`_load_staged`
+        once the fold exponent is known."""
+        tl.store(fp8_ptr + offs, _to_fp8_nan(sq, fp8_ptr.dtype.element_ty), mask=inb)
+        tl.store(gexp_ptr + rows.to(tl.int64) * (K // 32) + k0 // 32, e_stage.to(tl.int8), mask=rmask)
+
+    @triton.jit
     def _fold_block_in_place(fp8_ptr, gexp_ptr, flush_ptr, bscale_ptr, bscale_ld, R, K, pid_r, pid_k,
                              SHIFT: tl.constexpr, FACTOR: tl.constexpr, MIN_D: tl.constexpr, BLOCK_R: tl.constexpr,
                              SPLIT: tl.constexpr):
@@ -433,21 +441,17 @@ if HAS_TRITON:
                     e8 = tl.where(bad_g, 255, e + 127)
                     tl.store(scale_ptr + rows.to(tl.int64) * (K // 32) + k0 // 32, e8.to(tl.uint8), mask=rmask)
                 if MODE == 4:
-                    # one-pass FP8 fold, stage 1: the signed E2M1 value (exact in either FP8 format) goes
-                    # to the FP8 buffer and the group exponent to an int8 side buffer; _fp8_fold_kernel
-                    # scales them in place once every row's largest exponent is known (a cheap pass)
-                    sq4 = tl.where(neg, -q, q) * gnan[:, None]
-                    tl.store(fp8_ptr + out_offs, _to_fp8_nan(sq4, fp8_ptr.dtype.element_ty), mask=inb)
-                    tl.store(scale_ptr + rows.to(tl.int64) * (K // 32) + k0 // 32, e.to(tl.int8), mask=rmask)
+                    # one-pass FP8 fold, stage 1: the signed E2M1 values and the group exponents (an int8 side
+                    # buffer); _fp8_fold_kernel scales them in place once every row's largest exponent is known
+                    _store_staged(tl.where(neg, -q, q) * gnan[:, None], e, fp8_ptr, scale_ptr, out_offs, inb, rows, k0,
+                                  rmask, K)
                 if MODE == 5 and SPLIT > 1:
                     # one slice of a 128x128 block: its fold exponent is known only after the last slice, so the
-                    # signed E2M1 values (exact in FP8) and the groups' fold exponents are stored as they are;
-                    # _fold_block_in_place rescales them once the block is done (the slices are still in L2)
-                    sq5 = tl.where(neg, -q, q) * gnan[:, None]
-                    tl.store(fp8_ptr + out_offs, _to_fp8_nan(sq5, fp8_ptr.dtype.element_ty), mask=inb)
-                    # -128 marks a group that may not raise the block's exponent (see _fold_block_in_place)
-                    tl.store(scale_ptr + rows.to(tl.int64) * (K // 32) + k0 // 32, tl.where(g_valid, e, -128).to(tl.int8),
-                             mask=rmask)
+                    # signed E2M1 values and the groups' fold exponents are stored as they are (-128 marks a group
+                    # that may not raise the block's exponent); _fold_block_in_place rescales them once the block is
+                    # done (the slices are still in L2)
+                    _store_staged(tl.where(neg, -q, q) * gnan[:, None], tl.where(g_valid, e, -128), fp8_ptr, scale_ptr,
+                                  out_offs, inb, rows, k0, rmask, K)
                 elif MODE == 5:
                     # FP8 with one scale per 1x128 (SCALE_BR=1) or 128x128 (SCALE_BR=128) block, the
                     # block-wise recipes of F.scaled_mm: the tile is exactly one block wide (BLOCK_K=128),
@@ -636,8 +640,8 @@ def _logical(x: torch.Tensor, axis: int):
 GPU_BLOCK = (32, 128, 4)  # best overall on H200 (the FP8-fold recipes slow down with 64x64 tiles)
 #: warps of the one-piece 128x128-row tiles of ``fp8_block=128`` (see :data:`BLOCK128_SPLIT`): 16 on an H100 (round 5,
 #: benchmarks/bench_round5.sh's sweep: 196 us vs 212 us at 8 and 289 us at 4 warps for the forward QuEST recipe on
-#: 16384x4096, one device call, one process per setting). The tile's registers allow one 8-warp program per SM, so more warps is the only way to more
-#: occupancy. ``QUARTET_QBLOCK128_WARPS`` overrides it (the sweep).
+#: 16384x4096, one device call, one process per setting). The tile's registers allow one 8-warp program per SM, so
+#: more warps is the only way to more occupancy. ``QUARTET_QBLOCK128_WARPS`` overrides it (the sweep).
 BLOCK128_WARPS = int(os.environ.get("QUARTET_QBLOCK128_WARPS", "16"))
 #: Row slices of a ``fp8_block=128`` launch, by launch kind (``"128x128"``, `` T`` a transposed read, `` SR`` stochastic
 #: rounding): 1 runs the 128×128 block as one 16-warp tile (rounds 5–7); ``n`` > 1 as ``n`` tiles of 128/n rows, one
@@ -653,6 +657,11 @@ BLOCK128_SPLIT_MEASURED: dict[str, int] = {"128x128": 4, "128x128 SR": 4, "128x1
 BLOCK128_SPLIT_WARPS = 4
 
 
+def split_table(n: int) -> dict[str, int]:
+    """A :data:`BLOCK128_SPLIT` table giving every 128×128 launch kind ``n`` row slices."""
+    return dict.fromkeys(BLOCK128_SPLIT_MEASURED, n)
+
+
 def _split_from_env() -> dict[str, int]:
     """The slices table: :data:`BLOCK128_SPLIT_MEASURED`, or ``QUARTET_QBLOCK128_SPLIT``'s one count for every kind."""
     text = os.environ.get("QUARTET_QBLOCK128_SPLIT", "").strip()
@@ -660,7 +669,7 @@ def _split_from_env() -> dict[str, int]:
         return dict(BLOCK128_SPLIT_MEASURED)
     if text not in ("1", "2", "4", "8"):
         raise ValueError(f"QUARTET_QBLOCK128_SPLIT must be 1, 2, 4 or 8 (row slices of a 128x128 block), got {text!r}")
-    return dict.fromkeys(BLOCK128_SPLIT_MEASURED, int(text))
+    return split_table(int(text))
 
 
 #: the slices in force (a module global the benchmarks swap; see :data:`BLOCK128_SPLIT_MEASURED`)
@@ -684,6 +693,12 @@ MAXNREG_MEASURED: dict[str, int | None] = {"1x128": 96, "1x128 T": None, "1x128 
                                            "128x128 T": 64}
 
 
+def caps_table(a: int | None, b: int | None) -> dict[str, int | None]:
+    """A :data:`MAXNREG` table: cap ``a`` for both 1×128 reads, ``b`` for both 128×128 reads (None: uncapped), no
+    ``"<kind> SR"`` entries (stochastic rounding takes its kind's cap)."""
+    return {"1x128": a, "1x128 T": a, "128x128": b, "128x128 T": b}
+
+
 def _caps_from_env() -> dict[str, int | None]:
     """The register-cap table: :data:`MAXNREG_MEASURED`, or what ``QUARTET_MAXNREG`` says instead."""
     text = os.environ.get("QUARTET_MAXNREG", "").strip().lower()
@@ -695,7 +710,7 @@ def _caps_from_env() -> dict[str, int | None]:
         b_cap = a_cap if not b else None if b == "none" else int(b)
     except ValueError:
         raise ValueError(f"QUARTET_MAXNREG must be 'none' or 'a[,b]' (register caps or 'none'), got {text!r}") from None
-    return {"1x128": a_cap, "1x128 T": a_cap, "128x128": b_cap, "128x128 T": b_cap}
+    return caps_table(a_cap, b_cap)
 
 
 #: the register caps in force (a module global the benchmarks swap; see :data:`MAXNREG_MEASURED`)
@@ -799,11 +814,12 @@ def mx_quantize(
         raise ValueError(f"the group axis must be a multiple of 32, got {K}")
     col_order = s_r == 1 and s_k != 1  # a transposed read: neighbouring groups are neighbours in memory
     kind = f"{fp8_block}x128" + (" T" if col_order else "")
-    split = BLOCK128_SPLIT[kind + (" SR" if stochastic else "")] if fp8_block == 128 else 1
+    launch = kind + (" SR" if stochastic else "")  # the tables' key: tile, read, rounding
+    split = BLOCK128_SPLIT[launch] if fp8_block == 128 else 1
     if split not in (1, 2, 4, 8):
         raise ValueError(f"BLOCK128_SPLIT must give 1, 2, 4 or 8 row slices of a 128x128 block, got {split!r}")
     if maxnreg is None and fp8_block in (1, 128) and split == 1:
-        maxnreg = MAXNREG.get(kind + " SR", MAXNREG[kind]) if stochastic else MAXNREG[kind]
+        maxnreg = MAXNREG.get(launch, MAXNREG[kind])  # an SR launch without its own entry takes its kind's cap
     if maxnreg is not None and not (isinstance(maxnreg, int) and (maxnreg == 0 or 24 <= maxnreg <= 255)):
         raise ValueError(f"maxnreg must be an int in [24, 255] (registers per thread) or 0 (no cap), got {maxnreg!r}")
     dev = x.device

@@ -334,7 +334,7 @@ def test_layer_variants_smoke_run_restores_the_layer_flags(tmp_path):
     finally:
         L._forward_gemm = orig
     assert seen == [torch.int32, torch.bool, torch.int32]
-    free = lv._caps(None, None)
+    free = tq.caps_table(None, None)
     assert caps == [free, free, {"1x128": 80, "1x128 T": 80, "128x128": 64, "128x128 T": 64}] and flags() == before
 
 

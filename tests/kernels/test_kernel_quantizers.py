@@ -517,8 +517,8 @@ class _LaunchSpy:
 
 def test_each_launch_kind_gets_its_register_cap(monkeypatch):
     """The block-scaled FP8 launches take the cap of their tile and read from ``MAXNREG`` (the measured table by
-    default; a ``<kind> SR`` entry for stochastic rounding's); other launches, and 128×128 blocks run in slices (``BLOCK128_SPLIT``), are uncapped; ``maxnreg=``
-    overrides the table per call and ``0`` lifts the cap."""
+    default; a ``<kind> SR`` entry for stochastic rounding's); other launches, and 128×128 blocks run in slices
+    (``BLOCK128_SPLIT``), are uncapped; ``maxnreg=`` overrides the table per call and ``0`` lifts the cap."""
     assert tq.MAXNREG == tq.MAXNREG_MEASURED  # nothing in the test environment overrides it
     assert tq.BLOCK128_SPLIT == tq.BLOCK128_SPLIT_MEASURED
     table = {"1x128": 91, "1x128 T": None, "1x128 T SR": 111, "128x128": 77, "128x128 T": 64}
@@ -584,9 +584,6 @@ def test_transposed_fp8_input_scales_per_row_change_nothing(blk, monkeypatch):
         _assert_same_outputs(out[False], out[True], ("deq", "fp8", "block_scale", "row_scale", "flushed"), kw)
 
 
-def _slices(n: int) -> dict:
-    """A ``BLOCK128_SPLIT`` table giving every 128×128 launch kind ``n`` row slices."""
-    return dict.fromkeys(tq.BLOCK128_SPLIT_MEASURED, n)
 
 
 def test_a_sliced_128x128_block_changes_nothing(monkeypatch):
@@ -622,14 +619,14 @@ def test_a_sliced_128x128_block_changes_nothing(monkeypatch):
     for name, (t, kw) in recipes.items():
         out = {}
         for split in (1, 2, 4, 8):
-            monkeypatch.setattr(tq, "BLOCK128_SPLIT", _slices(split))
+            monkeypatch.setattr(tq, "BLOCK128_SPLIT", tq.split_table(split))
             out[split] = tq.mx_quantize(t, **kw)
         for split in (2, 4, 8):
             _assert_same_outputs(out[1], out[split], ("deq", "mask", "mask_bits", "fp8", "block_scale", "flushed"),
                                  (name, split))
         if name == "W fwd":
             assert out[1].flushed.item() > 0  # the flush path ran
-    monkeypatch.setattr(tq, "BLOCK128_SPLIT", _slices(3))
+    monkeypatch.setattr(tq, "BLOCK128_SPLIT", tq.split_table(3))
     with pytest.raises(ValueError, match="BLOCK128_SPLIT"):
         tq.mx_quantize(xb, rule="absmax", fp8="e4m3", fp8_block=128)
 
@@ -640,7 +637,7 @@ def test_the_slices_table_from_the_environment(monkeypatch):
     monkeypatch.delenv("QUARTET_QBLOCK128_SPLIT", raising=False)
     assert tq._split_from_env() == tq.BLOCK128_SPLIT_MEASURED
     monkeypatch.setenv("QUARTET_QBLOCK128_SPLIT", " 1 ")
-    assert tq._split_from_env() == _slices(1)
+    assert tq._split_from_env() == tq.split_table(1)
     for bad in ("3", "four", "16"):
         monkeypatch.setenv("QUARTET_QBLOCK128_SPLIT", bad)
         with pytest.raises(ValueError, match="QUARTET_QBLOCK128_SPLIT"):
@@ -671,7 +668,7 @@ def test_absmax_nonfinite_groups_are_nan_as_the_oracle(rule, rotate, monkeypatch
     assert torch.equal(out.e8m0.cpu() == 255, nan_g)
     assert (out.codes.cpu().reshape(128, -1, 16)[nan_g] == 0).all()
     for blk, split in ((1, 1), (128, 1), (128, 4)):  # (slices apply to 128x128 blocks only)
-        monkeypatch.setattr(tq, "BLOCK128_SPLIT", _slices(split))
+        monkeypatch.setattr(tq, "BLOCK128_SPLIT", tq.split_table(split))
         f = tq.mx_quantize(x.to(DEV), rule=rule, hadamard=rotate, fp8="e4m3", fp8_block=blk, out_dtype=torch.float32)
         v = f.fp8_values().cpu()
         assert torch.equal(torch.isnan(v), torch.isnan(ref)), (blk, split)
