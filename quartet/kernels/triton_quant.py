@@ -412,6 +412,9 @@ if HAS_TRITON:
                 else:
                     q = _rtn_e2m1(a)
                 neg = yq < 0
+                # the signed grid value, written once for all its uses: repeated at each use, ptxas gave Eᵀ SR 135
+                # registers instead of 103 and it ran 8% slower under the same cap (round 10, docs/kernels.md)
+                sq = tl.where(neg, -q, q)
                 out_offs = rows[:, None].to(tl.int64) * K + kk
 
                 if WRITE_MASK:
@@ -425,9 +428,9 @@ if HAS_TRITON:
                         tl.store(mask_ptr + out_offs, keep.to(tl.int8), mask=inb)
                 if WRITE_DEQ:
                     if RULE == 1:
-                        deq = (tl.where(neg, -q, q) * _exp2i(e)[:, None]) * 1.3333333333333333
+                        deq = (sq * _exp2i(e)[:, None]) * 1.3333333333333333
                     else:
-                        deq = tl.where(neg, -q, q) * (_exp2i(e) * gnan)[:, None]
+                        deq = sq * (_exp2i(e) * gnan)[:, None]
                     tl.store(deq_ptr + out_offs, deq.to(deq_ptr.dtype.element_ty), mask=inb)
                 if MODE == 1:
                     mag = tl.where(q < 2.0, q * 2.0, tl.where(q < 4.0, q + 2.0, tl.where(q < 5.0, 6.0, 7.0)))
@@ -443,15 +446,14 @@ if HAS_TRITON:
                 if MODE == 4:
                     # one-pass FP8 fold, stage 1: the signed E2M1 values and the group exponents (an int8 side
                     # buffer); _fp8_fold_kernel scales them in place once every row's largest exponent is known
-                    _store_staged(tl.where(neg, -q, q) * gnan[:, None], e, fp8_ptr, scale_ptr, out_offs, inb, rows, k0,
-                                  rmask, K)
+                    _store_staged(sq * gnan[:, None], e, fp8_ptr, scale_ptr, out_offs, inb, rows, k0, rmask, K)
                 if MODE == 5 and SPLIT > 1:
                     # one slice of a 128x128 block: its fold exponent is known only after the last slice, so the
                     # signed E2M1 values and the groups' fold exponents are stored as they are (-128 marks a group
                     # that may not raise the block's exponent); _fold_block_in_place rescales them once the block is
                     # done (the slices are still in L2)
-                    _store_staged(tl.where(neg, -q, q) * gnan[:, None], tl.where(g_valid, e, -128), fp8_ptr, scale_ptr,
-                                  out_offs, inb, rows, k0, rmask, K)
+                    _store_staged(sq * gnan[:, None], tl.where(g_valid, e, -128), fp8_ptr, scale_ptr, out_offs, inb,
+                                  rows, k0, rmask, K)
                 elif MODE == 5:
                     # FP8 with one scale per 1x128 (SCALE_BR=1) or 128x128 (SCALE_BR=128) block, the
                     # block-wise recipes of F.scaled_mm: the tile is exactly one block wide (BLOCK_K=128),
@@ -466,7 +468,7 @@ if HAS_TRITON:
                     else:
                         eb = tl.max(e_fold, axis=0)
                         eg = eb
-                    _fold_store_fp8(tl.where(neg, -q, q), e, eg, fp8_ptr, out_offs, inb, flush_ptr, FP8_SHIFT, gnan,
+                    _fold_store_fp8(sq, e, eg, fp8_ptr, out_offs, inb, flush_ptr, FP8_SHIFT, gnan,
                                     g_valid, FP8_MIN_D)
                     sc = _exp2_wide(eb - FP8_SHIFT) * FACTOR  # the block scale 2^(e_blk − shift)·factor
                     if SCALE_BR == 1:
@@ -478,7 +480,7 @@ if HAS_TRITON:
                         tl.store(bscale_ptr + pid_r * bscale_ld + pid_k, sc)
                 if MODE == 3:
                     er = tl.load(rowexp_ptr + rows, mask=rmask, other=0)
-                    _fold_store_fp8(tl.where(neg, -q, q), e, er, fp8_ptr, out_offs, inb, flush_ptr, FP8_SHIFT, gnan,
+                    _fold_store_fp8(sq, e, er, fp8_ptr, out_offs, inb, flush_ptr, FP8_SHIFT, gnan,
                                     g_valid, FP8_MIN_D)
         if SPLIT > 1:
             _fold_block_in_place(fp8_ptr, scale_ptr, flush_ptr, bscale_ptr, bscale_ld, R, K, pid_r, pid_k, FP8_SHIFT,
