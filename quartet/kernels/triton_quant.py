@@ -638,8 +638,16 @@ def _logical(x: torch.Tensor, axis: int):
     raise ValueError(f"axis must be 0, 1 or -1, got {axis}")
 
 
-#: GPU tile (rows, cols, warps); ``QUARTET_QBLOCK=r,k,w`` overrides it (used by the benchmark sweep)
+#: GPU tile (rows, cols, warps); ``QUARTET_QBLOCK=r,k,w`` overrides it and :data:`GPU_BLOCK_DIRECT` (the sweeps)
 GPU_BLOCK = (32, 128, 4)  # best overall on H200 (the FP8-fold recipes slow down with 64x64 tiles)
+#: Tile and register cap of the direct reads (``axis=-1``) that write no FP8 — dequantized values or MX codes, what the
+#: ``triton`` backend runs — when the group axis is a multiple of 256. Round 10 (H100, graphed, interleaved, 16384×4096,
+#: bitwise equal outputs; ``benchmarks/results/bench_round10/deq_sweep*``): the forward QuEST + mask → bf16 recipe
+#: 133.4 → 123.7 µs (83.8% → 90.3% of copy; the tile alone 128.0, the cap alone 130.4), backward SR → bf16 125.5 →
+#: 123.8 µs (within its ±3%). Transposed reads (unmeasured) and the FP8 launches keep :data:`GPU_BLOCK`: the layer's
+#: 1×128 FP8 launches ran 3–18% slower with 16-row tiles under any cap (``l1_sweep``).
+GPU_BLOCK_DIRECT = (16, 256, 4)
+MAXNREG_DIRECT = 80
 #: warps of the one-piece 128x128-row tiles of ``fp8_block=128`` (see :data:`BLOCK128_SPLIT`): 16 on an H100 (round 5,
 #: benchmarks/bench_round5.sh's sweep: 196 us vs 212 us at 8 and 289 us at 4 warps for the forward QuEST recipe on
 #: 16384x4096, one device call, one process per setting). The tile's registers allow one 8-warp program per SM, so
@@ -724,19 +732,23 @@ MAXNREG = _caps_from_env()
 IN_SCALE_PER_ROW = True
 
 
-def _blocks(R: int, K: int, device: torch.device) -> tuple[int, int, int]:
-    """Tile shape and warps: big tiles on the GPU, small ones for the CPU interpreter. (Transposed reads use the same
-    tile: round 6's graphed sweep of six tiles for Eᵀ found none faster, benchmarks/layer_variants.py ``tiles``.)"""
+def _blocks(R: int, K: int, device: torch.device, direct: bool = False) -> tuple[int, int, int, int | None]:
+    """Tile shape, warps and register cap: big tiles on the GPU, small ones for the CPU interpreter. (Transposed reads use
+    the same tile: round 6's graphed sweep of six tiles for Eᵀ found none faster, benchmarks/layer_variants.py
+    ``tiles``.) ``direct``: a direct read writing no FP8, which takes :data:`GPU_BLOCK_DIRECT` and its cap
+    :data:`MAXNREG_DIRECT` when ``K`` is a multiple of 256 (a tile named by ``QUARTET_QBLOCK`` runs uncapped)."""
     if device.type != "cuda":
-        return 16, 64, 4
+        return 16, 64, 4, None
     env = os.environ.get("QUARTET_QBLOCK")
     if env:
         br, bk, w = (int(v) for v in env.split(","))
-        return br, bk, w
+        return br, bk, w, None
+    if direct and K % GPU_BLOCK_DIRECT[1] == 0:
+        return (*GPU_BLOCK_DIRECT, MAXNREG_DIRECT)
     br, bk, w = GPU_BLOCK
     while K % bk:
         bk //= 2
-    return br, bk, w
+    return br, bk, w, None
 
 
 def mx_quantize(
@@ -797,7 +809,8 @@ def mx_quantize(
     ``(R, K/32)``: bit ``c`` of word ``j`` is element ``32·j + c``; :func:`unpack_mask_bits`) instead of one bool per
     element — what the fused layer saves for its backward, an eighth of the bytes.
     ``maxnreg`` caps the registers per thread of the GPU launches, ``0`` lifts every cap (default: the block-scaled
-    FP8 launches take :data:`MAXNREG`'s cap for their tile and read, the others and the sliced 128×128 launches of
+    FP8 launches take :data:`MAXNREG`'s cap for their tile and read, the direct launches without FP8 on
+    :data:`GPU_BLOCK_DIRECT` :data:`MAXNREG_DIRECT`, the others and the sliced 128×128 launches of
     :data:`BLOCK128_SPLIT` none; ignored by the CPU interpreter).
     It changes the speed, never the result.
     """
@@ -825,7 +838,9 @@ def mx_quantize(
     if maxnreg is not None and not (isinstance(maxnreg, int) and (maxnreg == 0 or 24 <= maxnreg <= 255)):
         raise ValueError(f"maxnreg must be an int in [24, 255] (registers per thread) or 0 (no cap), got {maxnreg!r}")
     dev = x.device
-    br, bk, warps = block or _blocks(R, K, dev)
+    br, bk, warps, tile_cap = (*block, None) if block else _blocks(R, K, dev, direct=fp8 is None and not col_order)
+    if maxnreg is None:
+        maxnreg = tile_cap
     while K % bk:
         bk //= 2
     grid = (triton.cdiv(R, br), triton.cdiv(K, bk))
@@ -999,7 +1014,7 @@ def masked_inverse_hadamard(g: torch.Tensor, mask: torch.Tensor | None, scale: f
     R, K = g.shape
     if K % 32:
         raise ValueError(f"the last dim must be a multiple of 32, got {K}")
-    br, bk, warps = _blocks(R, K, g.device)
+    br, bk, warps, _ = _blocks(R, K, g.device)
     while K % bk:
         bk //= 2
     out = torch.empty(R, K, device=g.device, dtype=out_dtype or g.dtype)

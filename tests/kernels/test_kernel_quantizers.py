@@ -545,6 +545,42 @@ def test_each_launch_kind_gets_its_register_cap(monkeypatch):
     assert spy.caps == [None, None, None]
 
 
+def test_direct_launches_without_fp8_take_their_own_tile_and_cap(monkeypatch):
+    """A direct read writing no FP8 (dequantized values, MX codes) takes ``GPU_BLOCK_DIRECT`` and ``MAXNREG_DIRECT`` on
+    the GPU when K is a multiple of the tile's 256 columns; other K, transposed and FP8 launches keep ``GPU_BLOCK``
+    uncapped; ``QUARTET_QBLOCK`` names a tile for every launch and lifts the cap; the CPU interpreter keeps its tile."""
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")  # _blocks reads only the device's type
+    monkeypatch.delenv("QUARTET_QBLOCK", raising=False)
+    assert tq._blocks(64, 512, cuda, direct=True) == (*tq.GPU_BLOCK_DIRECT, tq.MAXNREG_DIRECT)
+    assert tq._blocks(64, 384, cuda, direct=True) == (tq.GPU_BLOCK[0], 128, tq.GPU_BLOCK[2], None)
+    assert tq._blocks(64, 512, cuda) == (*tq.GPU_BLOCK, None)
+    assert tq._blocks(64, 512, cpu, direct=True) == (16, 64, 4, None)
+    monkeypatch.setenv("QUARTET_QBLOCK", "8,64,2")
+    assert tq._blocks(64, 512, cuda, direct=True) == (8, 64, 2, None)
+    monkeypatch.delenv("QUARTET_QBLOCK")
+    # mx_quantize asks for the direct tile exactly where it applies and launches with the tile's cap
+    asked = []
+
+    def fake_blocks(R, K, device, direct=False):
+        asked.append(direct)
+        return (16, 64, 4, 80) if direct else (16, 64, 4, None)
+
+    monkeypatch.setattr(tq, "_blocks", fake_blocks)
+    spy = _LaunchSpy(tq._mx_quant_kernel)
+    monkeypatch.setattr(tq, "_mx_quant_kernel", spy)
+    x = torch.randn(64, 256).to(DEV).to(torch.bfloat16)
+    for kw, direct, cap in [(dict(), True, 80), (dict(mx=True, deq=False), True, 80), (dict(maxnreg=0), True, None),
+                            (dict(maxnreg=96), True, 96), (dict(axis=0), False, None),
+                            (dict(fp8="e4m3", fp8_block=1, deq=False), False, tq.MAXNREG["1x128"])]:
+        asked.clear()
+        spy.caps.clear()
+        tq.mx_quantize(x, rule="quest", **kw)
+        assert asked == [direct] and spy.caps == [cap], kw
+    spy.caps.clear()
+    tq.mx_quantize(x, rule="quest", block=(16, 64, 4))  # a tile named by the call: uncapped, _blocks not asked
+    assert spy.caps == [None]
+
+
 def test_the_register_cap_table_from_the_environment(monkeypatch):
     """``QUARTET_MAXNREG``: unset -> the measured table; ``none`` -> no caps; ``a[,b]`` -> a for the 1×128 reads, b
     (default a) for the 128×128 ones, each cap an int or ``none``; anything else a one-line error naming the variable."""
