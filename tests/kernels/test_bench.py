@@ -345,3 +345,27 @@ def test_layer_call_bytes_match_round_6_floor_table():
     lv = _benchmark("layer_variants")
     mib = {k: round(v / 2**20) for k, v in lv.call_bytes(16384, 4096, 4096).items()}
     assert mib == {"x_fwd": 202, "w_fwd": 82, "e_rtn": 194, "e_sr": 194, "et_rtn": 194, "wt_bwd": 32, "xt_bwd": 130}
+
+
+def test_step_profile_floor_covers_every_block_linear_and_plots(tmp_path, capsys):
+    """``benchmarks/plot_step_profile.py``: the byte floor counts exactly the model's block linears (the layers the
+    fused Quartet layer replaces), scales with depth and tokens, gives the 800M floor docs/kernels.md quotes (17.4 ms a
+    step at the H200's 4246 GB/s copy), and the chart is drawn from the committed round-10 profiles."""
+    from quartet.model import BlockLinear, Llama
+
+    ps = _benchmark("plot_step_profile")
+    spec = {"n_layer": 2, "d_model": 128, "n_head": 2, "ffn_multiple_of": 128}
+    model = Llama(2, 128, 2, vocab_size=64, seq_len=16, ffn_multiple_of=128, device="meta")
+    shapes = sorted((m.in_features, m.out_features) for m in model.modules() if isinstance(m, BlockLinear))
+    assert sorted(ps.block_linears(spec) * 2) == shapes
+    one = ps.quantizer_floor_bytes({**spec, "n_layer": 1}, 512)
+    assert ps.quantizer_floor_bytes(spec, 512) == pytest.approx(2 * one)
+    assert ps.quantizer_floor_bytes(spec, 1024) > ps.quantizer_floor_bytes(spec, 512)
+    assert ps.quantizer_floor_bytes(B.model_spec("800m"), 16384) / 4246e9 * 1e3 == pytest.approx(17.4, abs=0.05)
+    prof = B.REPO / "benchmarks" / "results" / "bench_round10" / "profile_h200"
+    png = tmp_path / "profile.png"
+    assert ps.main([str(prof / "profile_800m.json"), str(prof / "profile_20m.json"), "--copy-gbps", "4246",
+                    "--out", str(png)]) == 0
+    assert png.stat().st_size > 10_000
+    printed = capsys.readouterr().out
+    assert "800m quartet" in printed and "byte floor 17.4 ms" in printed and "20m bf16" in printed
