@@ -80,6 +80,14 @@ RECIPES.update({name.replace("RTN", "SR").replace("transposed)", f"transposed, {
 # before round 7 the transposed FP8 inputs' scales were loaded per element (triton_quant.IN_SCALE_PER_ROW = False)
 RECIPES.update({name[:-1] + ", scale per element)": (ptr, ints, {**c, "IN_SCALE_VEC": False}, w)
                 for name, (ptr, ints, c, w) in list(RECIPES.items()) if c.get("IN_SCALE_VEC")})
+#: the quantizer benchmark's two target recipes as the ``triton`` backend launches them: dequantized bf16 out, the QuEST
+#: mask as bytes, on the direct reads' tile (round 10; its register cap ``MAXNREG_DIRECT`` is ``--maxnreg 80``)
+_DIRECT = dict(MODE=0, WRITE_DEQ=True, MASK_BITS=False, BLOCK_R=tq.GPU_BLOCK_DIRECT[0], BLOCK_K=tq.GPU_BLOCK_DIRECT[1])
+RECIPES.update({
+    "X fwd QuEST+mask -> bf16 (direct tile)": ({"mask_ptr": "i8"}, {}, _DIRECT, tq.GPU_BLOCK_DIRECT[2]),
+    "E absmax SR -> bf16 (direct tile)": ({}, {}, dict(_DIRECT, RULE=1, WRITE_MASK=False, HAS_SIGNS=1, STOCHASTIC=True),
+                                          tq.GPU_BLOCK_DIRECT[2]),
+})
 
 
 def _tool(name: str) -> str:
