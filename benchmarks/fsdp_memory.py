@@ -114,8 +114,9 @@ def main(argv: list[str] | None = None) -> int:
         _child(args)
         return 0
     out_dir = tempfile.mkdtemp(prefix="fsdp_memory_")
-    data = args.data or ["data=files", f"data.paths=[{REPO / 'docs'},{REPO / 'quartet'}]", "data.vocab_size=8192",
-                         "data.val_fraction=0.2"]
+    from quartet.paths import own_corpus_overrides
+
+    data = args.data or own_corpus_overrides()
     base = [*data, "logging=quiet", "logging.val_every=0", "logging.val_batches=4", "logging.ckpt_every=0",
             "run.device=cuda", "logging.progress=false", f"run.out_dir={out_dir}", *args.overrides]
     failed = False

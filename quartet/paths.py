@@ -24,3 +24,10 @@ def runs_root() -> Path:
 def cache_dir() -> Path:
     """Project cache (tokenizers, prepared shards, compile caches); ``QUARTET_CACHE`` overrides."""
     return Path(os.environ.get("QUARTET_CACHE", REPO_ROOT / ".cache"))
+
+
+def own_corpus_overrides(vocab_size: int = 8192, val_fraction: float = 0.2) -> list[str]:
+    """Hydra overrides for a corpus of this checkout's own docs and ``quartet`` sources (``data=files``): real text that
+    needs no network and no corpus package — what the multi-GPU checks and the FSDP memory benchmark train on."""
+    return ["data=files", f"data.paths=[{REPO_ROOT / 'docs'},{REPO_ROOT / 'quartet'}]", f"data.vocab_size={vocab_size}",
+            f"data.val_fraction={val_fraction}"]

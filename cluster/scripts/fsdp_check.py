@@ -71,6 +71,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from quartet.paths import own_corpus_overrides  # noqa: E402  (stdlib only, as quartet.proc)
 from quartet.proc import pid_alive, process_tree  # noqa: E402  (stdlib only: the parent imports no torch)
 GB = 1e9
 #: the GPU machine requires NVLink multicast off (NVLS in NCCL, symmetric memory in torch)
@@ -217,8 +218,7 @@ class Check:
         self.cuda = args.device == "cuda"
         #: the two GPUs the runs use (CUDA_VISIBLE_DEVICES of this process, if it names any, else 0 and 1)
         self.gpus = [g for g in os.environ.get("CUDA_VISIBLE_DEVICES", "0,1").split(",") if g.strip()][:2]
-        self.data = ["data=files", f"data.paths=[{REPO / 'docs'},{REPO / 'quartet'}]", "data.vocab_size=8192",
-                     "data.val_fraction=0.2"]
+        self.data = own_corpus_overrides()
         self.runs: dict[str, dict] = {}
         self.r: dict = {
             "script": "cluster/scripts/fsdp_check.py", "argv": args.argv, "device": args.device,

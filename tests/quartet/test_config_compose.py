@@ -174,3 +174,15 @@ def test_cluster_group_is_optional_and_selectable():
         compose(["cluster=nope"])
     # cluster settings never change the run id
     assert run_id(compose(["cluster=local"])) == run_id(compose([]))
+
+
+def test_own_corpus_overrides_compose_to_the_checkout_s_docs_and_sources():
+    """``quartet.paths.own_corpus_overrides``: the corpus the multi-GPU checks and the FSDP memory benchmark train on
+    composes into a ``data=files`` config over folders of this checkout that exist and hold text."""
+    from quartet.paths import REPO_ROOT, own_corpus_overrides
+
+    cfg = compose(own_corpus_overrides(vocab_size=1024, val_fraction=0.1))
+    paths = [Path(p) for p in cfg.data.paths]
+    assert paths == [REPO_ROOT / "docs", REPO_ROOT / "quartet"]
+    assert all(p.is_dir() and any(p.rglob("*.md" if p.name == "docs" else "*.py")) for p in paths)
+    assert cfg.data.vocab_size == 1024 and cfg.data.val_fraction == pytest.approx(0.1)
