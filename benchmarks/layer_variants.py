@@ -46,8 +46,6 @@ from quartet.kernels import linear as L  # noqa: E402
 from quartet.kernels import triton_quant as tq  # noqa: E402
 from quartet.kernels.timing import time_interleaved  # noqa: E402
 
-
-
 #: round 7's register caps (``triton_quant.MAXNREG_MEASURED`` as round 7 left it), chosen for the one-piece 128×128 tile
 ROUND7_CAPS = {"1x128": 96, "1x128 T": None, "128x128": None, "128x128 T": 64}
 #: variant name -> (RIGHT_BLOCK, MASK_BITS, stochastic backward, register-cap table ``triton_quant.MAXNREG``,

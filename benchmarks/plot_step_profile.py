@@ -30,8 +30,10 @@ from layer_variants import call_bytes  # noqa: E402
 from quartet.kernels.bench import model_spec  # noqa: E402
 from quartet.model import ffn_hidden  # noqa: E402
 
+#: benchmarks/profile_step.py's group of the quantizer and inverse-rotation kernels
+QUANT = "quant (triton)"
 #: profile groups in drawing order, with their colours; anything else is drawn as "other"
-GROUPS = {"gemm": ("GEMMs", "#4c72b0"), "quant (triton)": ("quantizers + inverse rotations", "#dd8452"),
+GROUPS = {"gemm": ("GEMMs", "#4c72b0"), QUANT: ("quantizers + inverse rotations", "#dd8452"),
           "inductor fused": ("inductor-fused elementwise", "#55a868"), "attention": ("attention", "#8172b3"),
           "optimizer": ("optimizer", "#937860")}
 
@@ -59,18 +61,19 @@ def bars(rows: list[dict], copy_gbps: float) -> list[dict]:
     """Per profiled configuration: ms per step of each group and, if it quantizes, its quantizers' byte floor."""
     out = []
     for r in rows:
+        model, precision = r["model"].removeprefix("llama_"), r["config"].split(":")[0]
         groups = {k: v / 1e3 for k, v in r["groups_us_per_step"].items()}
         floor = None
-        if "quant (triton)" in groups:
-            name = r["model"].removeprefix("llama_")
-            floor = quantizer_floor_bytes(model_spec(name), r["tokens_per_step"]) / (copy_gbps * 1e9) * 1e3
-        out.append({"label": f"{r['model'].removeprefix('llama_')} {r['config'].split(':')[0]}", "groups": groups,
+        if QUANT in groups:
+            floor = quantizer_floor_bytes(model_spec(model), r["tokens_per_step"]) / (copy_gbps * 1e9) * 1e3
+        out.append({"model": model, "precision": precision, "label": f"{model} {precision}", "groups": groups,
                     "total": sum(groups.values()), "floor_ms": floor})
     return out
 
 
 def plot(data: list[dict], copy_gbps: float, out: Path, title: str) -> None:
     fig, ax = plt.subplots(figsize=(10, 1.0 + 0.55 * len(data)))
+    bf16_ms = {b["model"]: b["total"] for b in data if b["precision"] == "bf16"}
     floor_labelled = bf16_labelled = False
     for i, b in enumerate(data):
         left = 0.0
@@ -78,16 +81,15 @@ def plot(data: list[dict], copy_gbps: float, out: Path, title: str) -> None:
             w = b["groups"].get(key, 0.0) if key != "other" else sum(
                 v for k, v in b["groups"].items() if k not in GROUPS)
             ax.barh(i, w, left=left, color=colour, label=label if i == 0 else None, edgecolor="white", linewidth=0.5)
-            if key == "quant (triton)" and b["floor_ms"]:
+            if key == QUANT and b["floor_ms"]:
                 ax.barh(i, b["floor_ms"], left=left, height=0.25, color="black",
                         label=None if floor_labelled else "quantizers at their byte floor")
                 floor_labelled = True
             left += w
         ax.text(left, i, f" {b['total']:.1f} ms", va="center", fontsize=8, zorder=3,
                 bbox=dict(facecolor="white", edgecolor="none", pad=0.5))
-        bf16 = [c["total"] for c in data if c["label"] == b["label"].split()[0] + " bf16"]
-        if b["floor_ms"] and bf16:  # the same model's BF16 step: where a quantized step breaks even
-            ax.plot([bf16[0]] * 2, [i - 0.45, i + 0.45], color="black", linestyle="--", linewidth=1,
+        if b["floor_ms"] and b["model"] in bf16_ms:  # the same model's BF16 step: where a quantized step breaks even
+            ax.plot([bf16_ms[b["model"]]] * 2, [i - 0.45, i + 0.45], color="black", linestyle="--", linewidth=1,
                     label=None if bf16_labelled else "the model's BF16 step")
             bf16_labelled = True
     ax.set_yticks(range(len(data)), [b["label"] for b in data])
@@ -110,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = [r for p in a.profiles for r in json.loads(p.read_text())]
     data = bars(rows, a.copy_gbps)
     for b in data:
-        print(f"{b['label']:22s} {b['total']:7.1f} ms" + (f"  quantizers {b['groups']['quant (triton)']:.1f} ms, "
+        print(f"{b['label']:22s} {b['total']:7.1f} ms" + (f"  quantizers {b['groups'][QUANT]:.1f} ms, "
                                                           f"byte floor {b['floor_ms']:.1f} ms" if b["floor_ms"] else ""))
     plot(data, a.copy_gbps, a.out, a.title)
     print(f"wrote {a.out}")

@@ -620,8 +620,6 @@ def test_transposed_fp8_input_scales_per_row_change_nothing(blk, monkeypatch):
         _assert_same_outputs(out[False], out[True], ("deq", "fp8", "block_scale", "row_scale", "flushed"), kw)
 
 
-
-
 def test_a_sliced_128x128_block_changes_nothing(monkeypatch):
     """``BLOCK128_SPLIT``: a 128×128-block program run as row slices that store E2M1 values and group exponents, then
     fold in place by the block's exponent, gives bitwise the one-piece tile's outputs — FP8 values, block scales, masks,
