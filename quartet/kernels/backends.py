@@ -184,3 +184,7 @@ def register() -> None:
     register_backend("triton", lambda device: triton_cls(), priority=10)
     register_backend("hopper_fp8", lambda device: hopper_cls(), priority=20)
     register_backend("blackwell_mxfp4", lambda device: blackwell_cls(), priority=30)
+    # below every hand-written kernel, above the eager oracle: what ``auto`` takes on a GPU for the rest
+    from quartet.kernels.compiled import CompiledReferenceBackend
+
+    register_backend("compiled", lambda device: CompiledReferenceBackend(), priority=0)

@@ -12,7 +12,8 @@ it asks its :class:`Backend` for three things:
   (the inverse rotation of gradients; GEMMs a scheme leaves unquantized).
 
 :class:`ReferenceBackend` is the pure-PyTorch oracle and runs everything on any device.
-``quartet/kernels`` registers faster ones (``triton``, ``hopper_fp8``, ``blackwell_mxfp4``) with
+``quartet/kernels`` registers faster ones (``triton``, ``hopper_fp8``, ``blackwell_mxfp4``, and ``compiled``:
+the oracle's quantizers fused by ``torch.compile``, for schemes no hand-written kernel covers) with
 :func:`register_backend`; :func:`get_backend` resolves ``auto`` to the highest-priority registered
 backend that supports the device and every quantizer of the scheme. A backend that was asked for
 by name and cannot run raises :class:`quartet.errors.ConfigError`: there is no silent fallback.
@@ -38,7 +39,7 @@ __all__ = [
 ]
 
 #: Names a config may use (``auto`` resolves to one of the registered ones).
-BACKEND_NAMES = ("auto", "reference", "triton", "hopper_fp8", "blackwell_mxfp4")
+BACKEND_NAMES = ("auto", "reference", "compiled", "triton", "hopper_fp8", "blackwell_mxfp4")
 
 
 class Backend:

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from quartet.errors import ConfigError
 from quartet.quant.quantizers import GROUPED_KINDS, QuantizerSpec
 
-__all__ = ["GemmSpec", "Scheme", "SCHEMES", "build_scheme", "scheme_names"]
+__all__ = ["GemmSpec", "Scheme", "SCHEMES", "RECIPES", "build_scheme", "scheme_names"]
 
 TRANSFORMS = ("none", "hadamard", "random_hadamard", "seeded_hadamard")
 
@@ -256,6 +256,12 @@ def _fp8_deepseek() -> Scheme:
 #: Registry of scheme names (each has a YAML in conf/precision/).
 SCHEMES = ("bf16", "fp8", "quartet", "quartet_sr", "quest_fwd", "sr_bwd", "rtn_bwd", "sr_fwd", "rtn_fwd",
            "ms_fp4", "luq_int4", "nvfp4", "quartet2", "mxfp8", "nvfp4_recipe", "fp8_deepseek")
+
+
+#: The training recipes of the recipe table (docs/recipes.md, sweeps/recipes.yaml): every scheme a team would train
+#: with, as opposed to the ablations (quest_fwd, sr_bwd, rtn_bwd, sr_fwd, rtn_fwd) that quantize one half only.
+RECIPES = ("bf16", "fp8", "mxfp8", "fp8_deepseek", "nvfp4", "nvfp4_recipe", "quartet", "quartet_sr", "quartet2",
+           "ms_fp4", "luq_int4")
 
 
 def scheme_names() -> list[str]:
