@@ -92,7 +92,7 @@ def child(args) -> int:
         except Exception as exc:  # noqa: BLE001 - one failing configuration must not hide the others
             row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
         results.append(row)
-    Path(args.barrier, f"ready.{args.model}").touch()
+    Path(args.barrier, f"ready.{Path(args.part).stem}").touch()
     while len(list(Path(args.barrier).glob("ready.*"))) < args.n_procs:
         time.sleep(0.5)
     with open(Path(args.barrier) / "gpu.lock", "a+") as lock:
@@ -153,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--min-seconds", type=float, default=2.0)
     p.add_argument("--out", default=None, help="JSON file for the results")
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: a smoke test of the script only")
+    p.add_argument("--split", type=int, default=1,
+                   help="processes per model (configurations dealt round-robin): compiles N configurations at once")
     p.add_argument("override", nargs="*", help="extra overrides for every run (e.g. optim.micro_batch_size=64)")
     # child mode
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -167,13 +169,16 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     models = args.models.split(",")
+    configs = args.configs.split(",")
+    split = max(1, min(args.split, len(configs)))
+    jobs = [(m, i, ",".join(configs[i::split])) for m in models for i in range(split)]
     barrier = tempfile.mkdtemp(prefix="ladder_speed_barrier_")
     t0 = time.time()
     procs = []
-    for m in models:
-        part = Path(barrier) / f"part.{m}.json"
-        cmd = [sys.executable, __file__, "--child", "--model", m, "--configs", args.configs, "--data", args.data,
-               "--barrier", barrier, "--n-procs", str(len(models)), "--part", str(part),
+    for m, i, chunk in jobs:
+        part = Path(barrier) / f"part.{m}.{i}.json"
+        cmd = [sys.executable, __file__, "--child", "--model", m, "--configs", chunk, "--data", args.data,
+               "--barrier", barrier, "--n-procs", str(len(jobs)), "--part", str(part),
                "--min-steps", str(args.min_steps), "--min-seconds", str(args.min_seconds), "--device", args.device,
                *args.override]
         procs.append((m, part, subprocess.Popen(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"})))

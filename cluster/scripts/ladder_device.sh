@@ -165,30 +165,10 @@ for d in sorted(p for p in root.iterdir() if p.is_dir() and p.name not in keep):
     print(f"retired (not in the sweep's plan): {d.name}")
 PYEOF
   fi
-  t0=$(date +%s)
-  if [ -f "$LOGS/sweep.pid" ] && kill -0 "$(cat "$LOGS/sweep.pid")" 2>/dev/null; then
-    stamp "the sweep is already running (pid $(cat "$LOGS/sweep.pid")); waiting for it"
-  else
+  if ! { [ -f "$LOGS/sweep.pid" ] && kill -0 "$(cat "$LOGS/sweep.pid")" 2>/dev/null; }; then
     [ "${prepared:-0}" = 1 ] || prepare_data
-    stamp "sweep: quartet sweep ladder_1gpu --cluster local_gpu ${SWEEP_ARGS:-}"
-    date +%s > "$LOGS/sweep.start"
-    rm -f "$LOGS/sweep.pid"
-    # the session leader writes its own pid (setsid may fork), then becomes the launcher
-    setsid bash -c 'echo $$ > "$0"; exec "$@"' "$LOGS/sweep.pid" "$PY" -m quartet.cli sweep ladder_1gpu \
-      --cluster local_gpu --runs-dir "$RUNS" ${SWEEP_ARGS:-} > "$LOGS/sweep.log" 2>&1 < /dev/null &
-    for _ in $(seq 50); do [ -s "$LOGS/sweep.pid" ] && break; sleep 0.1; done
   fi
-  pid=$(cat "$LOGS/sweep.pid")
-  while kill -0 "$pid" 2>/dev/null && [ $(( $(date +%s) - t0 )) -lt "${LADDER_WAIT:-540}" ]; do
-    sleep 15
-    n=$(find "$RUNS/ladder_1gpu" -name summary.json 2>/dev/null | wc -l)
-    [ $(( ($(date +%s) - t0) % 60 )) -lt 15 ] && stamp "$n runs finished, sweep running for $(( $(date +%s) - $(cat "$LOGS/sweep.start") )) s"
-  done
-  if kill -0 "$pid" 2>/dev/null; then
-    stamp "sweep still running after $(( $(date +%s) - $(cat "$LOGS/sweep.start") )) s (call ladder again to keep waiting)"
-  else
-    stamp "sweep finished after $(( $(date +%s) - $(cat "$LOGS/sweep.start") )) s"
-  fi
+  sweep_in_background ladder_1gpu "${LADDER_WAIT:-540}"
   cp "$LOGS"/sweep.log "$OUT/" 2>/dev/null
   grep -v "━" "$LOGS/sweep.log" | tail -15
   quartet status ladder_1gpu --runs-dir "$RUNS" > "$OUT/status.txt" 2>&1
