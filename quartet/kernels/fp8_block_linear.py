@@ -11,7 +11,7 @@ one float32 scale per 1×128 tile of activations / gradients and per 128×128 bl
 
 The codes and scales are computed by the oracle's own functions (:func:`quartet.quant.blockwise.fp8_blockwise_codes`,
 plain float32 PyTorch: amax, ``amax·(1/448)``, a correctly rounded divide, the saturating FP8 cast), so on the GPU
-they are bitwise the oracle's; only the GEMMs differ, by the order of their float32 accumulation. The backward
+they are bitwise the oracle's (a tile holding NaN/±Inf included: NaN scale and codes, so its GEMM rows go NaN); only the GEMMs differ, by the order of their float32 accumulation. The backward
 keeps the forward's FP8 codes (Ŵ for the input gradient — a 128×128 block transposes into a block — and X̂,
 re-quantized along the token axis for the weight gradient), as DeepSeek-V3 caches FP8 activations.
 

@@ -5,8 +5,9 @@ float32 fake quantization. For a tensor ``T`` and format ``f`` (E4M3: max 448, E
 
     s_T = amax|T| / max_f   (1 when T is all zeros),     T8 = f(clamp(T / s_T)),     T̂ = T8 · s_T
 
-which is exactly :func:`quartet.quant.formats.fp8_quantize` — the same float32 operations, so the FP8 codes
-are bitwise the oracle's. The three GEMMs multiply the codes on FP8 tensor cores (``torch._scaled_mm``,
+which is exactly :func:`quartet.quant.formats.fp8_quantize` — the same float32 operations (its scale helpers), so
+the FP8 codes are bitwise the oracle's, non-finite inputs included: the unit of a tensor scale is the tensor, so a
+NaN or ±Inf anywhere in T makes s_T NaN and all of T̂ (and the GEMMs it enters) NaN, where the trainer sees it. The three GEMMs multiply the codes on FP8 tensor cores (``torch._scaled_mm``,
 float32 accumulation) and apply the two scales to the product:
 
     forward   Y  = X̂ Ŵᵀ  = (X8 W8ᵀ) · s_X s_W
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import torch
 
+from quartet.quant.formats import absmax_scale, scale_divisor
 from quartet.quant.linear import QuantLinear
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
@@ -36,9 +38,8 @@ def fp8_tensor_quantize(t: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tens
     """(FP8 codes, float32 scale) of ``t`` with one current scale per tensor (the oracle's rule, bitwise)."""
     fmax = _FMAX[dtype]
     t = t.float()
-    amax = t.abs().amax()
-    scale = torch.where(amax > 0, amax * (1.0 / fmax), torch.ones_like(amax))
-    return (t / scale).clamp(-fmax, fmax).to(dtype), scale
+    scale = absmax_scale(t.abs().amax(), fmax)
+    return (t / scale_divisor(scale)).clamp(-fmax, fmax).to(dtype), scale
 
 
 def _col_major(t8: torch.Tensor) -> torch.Tensor:

@@ -21,14 +21,27 @@ the forward's Ŵᵀ (one weight representation in both passes, no second roundin
 
 Partial tiles at the matrix edges (rows or columns not a multiple of the tile) are scaled over the elements they
 hold, as if the matrix were zero-padded. Pure PyTorch, float32, any device; one reshape, no Python loop over tiles.
+
+Non-finite inputs (the rule of every quantizer, docs/precision.md): the unit that shares one scale is the tile here. A
+tile holding a NaN or ±Inf gets a NaN scale and comes out entirely NaN (its FP8 codes too); the NVFP4 tensor scale is
+taken over the finite tiles only, so no other tile changes. An all-zero tile keeps scale 1 and zeros; a scale that
+underflows float32 to 0 (a tile of a few-ulp subnormals) flushes its tile to ±0.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from quartet.quant.formats import E2M1_MAX, E4M3_MAX, E5M2_MAX, round_to_e2m1, round_to_fp8
-from quartet.quant.mx import e4m3_block_scale
+from quartet.quant.formats import (
+    E2M1_MAX,
+    E4M3_MAX,
+    E5M2_MAX,
+    absmax_scale,
+    round_to_e2m1,
+    round_to_fp8,
+    scale_divisor,
+)
+from quartet.quant.mx import e4m3_block_scale, nvfp4_tensor_scale
 
 __all__ = ["tile_amax", "nvfp4_quantize_2d", "fp8_blockwise_quantize", "fp8_blockwise_codes", "expand_tile_scales"]
 
@@ -57,11 +70,10 @@ def nvfp4_quantize_2d(x: torch.Tensor, tile: int = 16) -> tuple[torch.Tensor, to
     (float32 values of the E4M3 codes, one per tile), FP32 tensor scale). Transpose-symmetric (module docstring)."""
     t = _tiled(x, tile, tile)
     amax_t = t.abs().amax(dim=(1, 3))
-    amax = amax_t.amax()
-    tensor_scale = torch.where(amax > 0, amax * (1.0 / (E2M1_MAX * E4M3_MAX)), torch.ones_like(amax))
+    tensor_scale = nvfp4_tensor_scale(amax_t, E2M1_MAX, E4M3_MAX)
     block = e4m3_block_scale(amax_t, E2M1_MAX, tensor_scale)  # the 1-D rule, one scale per tile
     s = (block * tensor_scale)[:, None, :, None]
-    return _untile(round_to_e2m1(t / s) * s, x.shape), block, tensor_scale
+    return _untile(round_to_e2m1(t / scale_divisor(s)) * s, x.shape), block, tensor_scale
 
 
 def fp8_blockwise_codes(x: torch.Tensor, rows: int = 1, cols: int = 128,
@@ -70,9 +82,8 @@ def fp8_blockwise_codes(x: torch.Tensor, rows: int = 1, cols: int = 128,
     shape (ceil(R/rows), ceil(C/cols))). Multiply back with :func:`fp8_blockwise_quantize` (which returns x̂)."""
     fmax = {"e4m3": E4M3_MAX, "e5m2": E5M2_MAX}[fmt]
     t = _tiled(x, rows, cols)
-    amax_t = t.abs().amax(dim=(1, 3))
-    scale = torch.where(amax_t > 0, amax_t * (1.0 / fmax), torch.ones_like(amax_t))
-    codes = round_to_fp8(t / scale[:, None, :, None], fmt)
+    scale = absmax_scale(t.abs().amax(dim=(1, 3)), fmax)
+    codes = round_to_fp8(t / scale_divisor(scale)[:, None, :, None], fmt)
     return _untile(codes, x.shape), scale
 
 

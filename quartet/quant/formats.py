@@ -18,6 +18,13 @@ rounding to E4M3 picks the upper of the two neighbours with probability (|v| −
 Everything here is pure PyTorch, device-agnostic, and computes in float32. Scales divide by a
 non-power-of-two constant c as ``amax * (1/c)``: CUDA turns a division by a Python scalar into that
 multiplication anyway, so writing it explicitly makes CPU and GPU results bitwise identical.
+
+Non-finite inputs. Every quantizer of the package follows one rule (docs/precision.md, "Non-finite inputs"): the
+unit that shares one scale (group, tile, row or tensor) comes out entirely NaN when it holds a NaN or ±Inf, so a
+diverging run reaches the trainer's non-finite check, and the other units are untouched. For the absmax scales here
+(:func:`absmax_scale`) the unit's scale is NaN, and x/NaN and q·NaN carry it to every element (each rounding keeps
+NaN a NaN). An all-zero unit gets scale 1 and stays 0; a scale amax·(1/c) that underflows float32 to 0 (amax a few
+times 2^-149) flushes its unit to ±0 (:func:`scale_divisor`) instead of giving 0/0 = NaN.
 """
 from __future__ import annotations
 
@@ -39,9 +46,12 @@ __all__ = [
     "round_to_fp8",
     "round_to_e4m3_stochastic",
     "fp8_quantize",
+    "absmax_scale",
+    "scale_divisor",
     "round_to_int4",
     "int4_quantize",
     "INT4_MAX",
+    "FLOAT32_TINY",
 ]
 
 #: The 8 non-negative E2M1 values; the index of a value is its 3-bit magnitude code.
@@ -58,6 +68,9 @@ _FP8_DTYPES = {"e4m3": (torch.float8_e4m3fn, E4M3_MAX), "e5m2": (torch.float8_e5
 
 #: Symmetric INT4 range used here: −7 … 7 (−8 is left unused so the grid is zero-centred).
 INT4_MAX = 7.0
+
+#: float32's smallest positive (subnormal) value 2^-149: the floor of a scale that must not underflow to 0.
+FLOAT32_TINY = 2.0 ** -149
 
 
 def _on(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -208,19 +221,32 @@ def fp8_quantize(x: torch.Tensor, fmt: str = "e4m3", scaling: str = "tensor") ->
         raise ValueError(f"fp8 format must be one of {sorted(_FP8_DTYPES)}, got {fmt!r}")
     x = x.float()
     scale = _absmax_scale(x, scaling, _FP8_DTYPES[fmt][1], "fp8")
-    return round_to_fp8(x / scale, fmt) * scale, scale
+    return round_to_fp8(x / scale_divisor(scale), fmt) * scale, scale
+
+
+def absmax_scale(amax: torch.Tensor, qmax: float) -> torch.Tensor:
+    """The scale ``amax·(1/qmax)`` of units with largest magnitudes ``amax``: 1 where the amax is 0 (an all-zero unit
+    divides by 1 and stays 0), NaN where it is Inf/NaN (the unit holds a non-finite value: all its x̂ come out NaN)."""
+    s = torch.where(amax > 0, amax * (1.0 / qmax), torch.ones_like(amax))
+    return torch.where(torch.isfinite(amax), s, torch.full_like(amax, float("nan")))
+
+
+def scale_divisor(scale: torch.Tensor) -> torch.Tensor:
+    """What x is divided by before rounding: ``scale``, or +Inf where it underflowed float32 to 0. x/0 would give
+    ±Inf (saturated, then times 0: ±0) for the unit's nonzero values and NaN for its zeros; x/Inf gives the same ±0
+    for the former and 0 for the latter, so the unit flushes to zero and finite inputs never make a NaN."""
+    return torch.where(scale == 0, torch.full_like(scale, float("inf")), scale)
 
 
 def _absmax_scale(x: torch.Tensor, scaling: str, qmax: float, what: str) -> torch.Tensor:
-    """amax(|x|)/qmax over the tensor (``scaling="tensor"``) or per row of the last dim (``"row"``, keepdim); 1 where
-    the amax is 0, so an all-zero tensor or row divides by 1 and stays 0."""
+    """:func:`absmax_scale` over the tensor (``scaling="tensor"``) or per row of the last dim (``"row"``, keepdim)."""
     if scaling == "tensor":
         amax = x.abs().amax()
     elif scaling == "row":
         amax = x.abs().amax(dim=-1, keepdim=True)
     else:
         raise ValueError(f"{what} scaling must be 'tensor' or 'row', got {scaling!r}")
-    return torch.where(amax > 0, amax * (1.0 / qmax), torch.ones_like(amax))
+    return absmax_scale(amax, qmax)
 
 
 def round_to_int4(y: torch.Tensor, stochastic: bool = False, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -242,4 +268,4 @@ def int4_quantize(x: torch.Tensor, scaling: str = "row", stochastic: bool = Fals
     """
     x = x.float()
     scale = _absmax_scale(x, scaling, INT4_MAX, "int4")
-    return round_to_int4(x / scale, stochastic, generator) * scale, scale
+    return round_to_int4(x / scale_divisor(scale), stochastic, generator) * scale, scale

@@ -29,6 +29,15 @@ gets one scale s_g and the elements are stored as E2M1 values q with x̂ = q·s_
   [256, 512), so values in (448, 512)·s saturate to 448·s (the spec's saturating conversion); values below
   2^-10·s flush to 0 through E4M3's subnormals. A group holding Inf/NaN gets a NaN scale and NaN values.
 
+Non-finite inputs, one rule for every quantizer (docs/precision.md, "Non-finite inputs"): the unit that shares one
+scale comes out entirely NaN when it holds a NaN or ±Inf, and every other unit is bitwise what it would be with that
+unit zeroed. Here the unit is the group: MX gives it the E8M0 NaN scale (above). NVFP4's scale has two levels, and
+the tensor's amax is taken over the groups that hold only finite values, so one bad group does not move S (which
+would requantize every other group); its E4M3 block scale is NaN (E4M3 has a NaN, 0x7F). An all-zero group keeps a
+finite scale and zero values. In a tensor of subnormals a few times 2^-149, S is held at 2^-149 and a group scale e·S
+that underflows float32 to 0 flushes the group to ±0 (:func:`quartet.quant.formats.scale_divisor`) rather than
+dividing 0 by 0.
+
 All functions take an already-rotated tensor, work in float32 on any device and are vectorised
 over groups (one reshape, no Python loops).
 """
@@ -39,11 +48,13 @@ import torch
 from quartet.quant.formats import (
     E2M1_MAX,
     E4M3_MAX,
+    FLOAT32_TINY,
     e2m1_encode,
     e8m0_encode,
     floor_log2,
     round_to_e2m1,
     round_to_fp8,
+    scale_divisor,
 )
 
 __all__ = [
@@ -59,6 +70,7 @@ __all__ = [
     "mxfp8_quantize",
     "mxfp8_codes",
     "e4m3_block_scale",
+    "nvfp4_tensor_scale",
     "nvfp4_quantize",
 ]
 
@@ -215,22 +227,34 @@ def mxfp8_codes(xq: torch.Tensor, scales: torch.Tensor, group: int = 32) -> tupl
     return y.to(torch.float8_e4m3fn).view(torch.uint8).reshape(xq.shape), e8m0_encode(scales)
 
 
+def nvfp4_tensor_scale(amax_g: torch.Tensor, c: float, scale_max: float) -> torch.Tensor:
+    """NVFP4's FP32 tensor scale S = amax/(c·scale_max) from the groups' (or tiles') maxima ``amax_g``: the amax is
+    taken over the groups holding only finite values (a non-finite group goes NaN alone, module docstring); 1.0
+    when none of them is nonzero; never below float32's smallest subnormal 2^-149."""
+    amax = torch.where(torch.isfinite(amax_g), amax_g, torch.zeros_like(amax_g)).amax()
+    # held at 2^-149: a tensor of few-ulp subnormals made S = 0 and its block scales 0/0 = NaN
+    return torch.where(amax > 0, amax * (1.0 / (c * scale_max)), torch.ones_like(amax)).clamp(min=FLOAT32_TINY)
+
+
 def e4m3_block_scale(amax_g: torch.Tensor, c: float, tensor_scale: torch.Tensor) -> torch.Tensor:
     """NVFP4 block scale that maps a group's amax to the E2M1 value ``c``: E4M3(amax_g/c/S), S the FP32 tensor scale.
 
     A nonzero group whose scale underflows E4M3 gets the smallest subnormal 2^-9 (1.0 would zero it: its values
-    would all round to 0); an all-zero group gets 1.0."""
+    would all round to 0); an all-zero group gets 1.0; a group holding Inf/NaN gets NaN (its values come out NaN)."""
     block = round_to_fp8(amax_g * (1.0 / c) / tensor_scale, "e4m3")
-    return torch.where(amax_g > 0, block.clamp(min=E4M3_MIN_SUBNORMAL), torch.ones_like(block))
+    block = torch.where(amax_g > 0, block.clamp(min=E4M3_MIN_SUBNORMAL), torch.ones_like(block))
+    return torch.where(torch.isfinite(amax_g), block, torch.full_like(block, float("nan")))
 
 
 def nvfp4_quantize(x: torch.Tensor, stochastic: bool = False, generator: torch.Generator | None = None,
                    group: int = 16) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """NVFP4 fake quantization → (x̂ float32, per-group E4M3 scale (float32 values), FP32 tensor scale)."""
+    """NVFP4 fake quantization → (x̂ float32, per-group E4M3 scale (float32 values), FP32 tensor scale).
+
+    A group holding Inf/NaN gets a NaN block scale and NaN values; the tensor scale ignores it."""
     g = _grouped(x, group)
-    amax = g.abs().amax()
-    tensor_scale = torch.where(amax > 0, amax * (1.0 / (E2M1_MAX * E4M3_MAX)), torch.ones_like(amax))
-    block = e4m3_block_scale(g.abs().amax(dim=-1), E2M1_MAX, tensor_scale)
+    amax_g = g.abs().amax(dim=-1)
+    tensor_scale = nvfp4_tensor_scale(amax_g, E2M1_MAX, E4M3_MAX)
+    block = e4m3_block_scale(amax_g, E2M1_MAX, tensor_scale)
     s = (block * tensor_scale).unsqueeze(-1)
-    q = round_to_e2m1(g / s, stochastic=stochastic, generator=generator)
+    q = round_to_e2m1(g / scale_divisor(s), stochastic=stochastic, generator=generator)
     return (q * s).reshape(x.shape), block, tensor_scale

@@ -21,10 +21,18 @@ Maths of the quantizers that do not live in :mod:`quartet.quant.mx` (MX / NVFP4 
 * Tile-scaled kinds (``tile_rows > 1`` for ``nvfp4``, ``scaling="block"`` for ``fp8``): one scale per
   ``tile_rows × group`` tile of the operand matrix — :mod:`quartet.quant.blockwise`.
 
+Non-finite inputs, one rule for every kind (docs/precision.md, "Non-finite inputs"): the unit that shares one scale
+comes out entirely NaN when it holds a NaN or ±Inf, and the other units are untouched. MS-FP4's and INT4's unit is
+the row (or, INT4 ``scaling="tensor"``, the tensor): its scale is NaN; with OCC the row is judged before clamping,
+and its DGE factor is NaN too. LUQ has one scale, the tensor's max, so its unit is the tensor: any NaN/Inf makes all
+of it NaN (NaN once made it all zero). All-zero units stay 0; subnormal inputs stay finite (a LUQ level α = amax·2^-6
+that underflows float32 is held at 2^-149 so that zeros stay zero).
+
 A :class:`QuantizerSpec` is a frozen, printable description; :func:`reference_quantize` runs it.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -32,7 +40,16 @@ import torch
 
 from quartet.quant import mx, quartet2
 from quartet.quant.blockwise import fp8_blockwise_quantize, nvfp4_quantize_2d
-from quartet.quant.formats import E2M1_MAX, floor_log2, fp8_quantize, int4_quantize, round_to_e2m1
+from quartet.quant.formats import (
+    E2M1_MAX,
+    FLOAT32_TINY,
+    absmax_scale,
+    floor_log2,
+    fp8_quantize,
+    int4_quantize,
+    round_to_e2m1,
+    scale_divisor,
+)
 
 __all__ = [
     "QuantizerSpec",
@@ -174,11 +191,14 @@ def ms_fp4_quantize(x: torch.Tensor, clip_quantile: float = 0.0, dge_k: float = 
     """MS-FP4 per-row absmax E2M1 (optionally with OCC residual and DGE gradient factor)."""
     x = x.float()
     residual = None
+    amax = x.abs().amax(dim=-1, keepdim=True)
     if clip_quantile:
         x, residual = occ_clamp(x, clip_quantile)
-    amax = x.abs().amax(dim=-1, keepdim=True)
-    s = torch.where(amax > 0, amax * (1.0 / E2M1_MAX), torch.ones_like(amax))
-    y = x / s
+        # the row's scale comes from the clamped row, but a row holding Inf/NaN must go NaN even where OCC clamped
+        # its Inf into range (the Inf would hide in the residual)
+        amax = torch.where(torch.isfinite(amax), x.abs().amax(dim=-1, keepdim=True), amax)
+    s = absmax_scale(amax, E2M1_MAX)
+    y = x / scale_divisor(s)
     q = round_to_e2m1(y)
     factor = dge_derivative(y, dge_k, dge_cap) if dge_k else None
     return QTensor(values=q * s, grad_factor=factor, residual=residual, data={"scale": s})
@@ -189,9 +209,13 @@ def luq_quantize(x: torch.Tensor, generator: torch.Generator | None = None, leve
     x = x.float()
     a = x.abs()
     amax = a.amax()
-    if not bool(amax > 0):
+    top = float(amax)  # (one host sync)
+    if not math.isfinite(top):  # the levels are amax·2^-j: one NaN/Inf makes the whole tensor NaN
+        return torch.full_like(x, float("nan"))
+    if top == 0:
         return torch.zeros_like(x)
-    alpha = amax * 2.0 ** (-(levels - 1))
+    # at least float32's smallest subnormal: an alpha that underflowed to 0 sent zeros up the log branch
+    alpha = (amax * 2.0 ** (-(levels - 1))).clamp(min=FLOAT32_TINY)
     u = torch.rand(x.shape, generator=generator, device=x.device, dtype=torch.float32)
     # Stochastic underflow below the smallest level.
     under = torch.where(u * alpha < a, alpha, torch.zeros_like(a))

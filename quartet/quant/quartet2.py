@@ -34,15 +34,19 @@ Maths. NVFP4 stores x̂ = q·e_g·S: q on the E2M1 grid {0, 0.5, 1, 1.5, 2, 3, 4
 
 Both functions take the already-rotated tensor, work in float32 on any device (the error and correction sums
 in float64, so CPU and GPU agree on the 4/6 choice) and follow :func:`quartet.quant.mx.nvfp4_quantize`'s edge
-rules: a nonzero block whose E4M3 scale underflows is raised to 2^-9, an all-zero block gets scale 1, and an
-Inf/NaN input makes the whole tensor NaN (its tensor scale is not finite) so the trainer's NaN check sees it.
+rules: a nonzero block whose E4M3 scale underflows is raised to 2^-9, an all-zero block gets scale 1.
+
+Non-finite inputs (the rule of every quantizer, docs/precision.md): a 16-group holding a NaN or ±Inf gets a NaN block
+scale and comes out entirely NaN, so the trainer's non-finite check sees it; the tensor scale is taken over the
+finite groups (:func:`quartet.quant.mx.nvfp4_tensor_scale`), so every other group is what it would be without it
+(Four Over Six keeps the bad group's NaN 6-branch; MS-EDEN's correction and its stochastic rounding keep the NaN).
 """
 from __future__ import annotations
 
 import torch
 
 from quartet.quant.formats import E2M1_MAX, E4M3_MAX, round_to_e2m1, round_to_e4m3_stochastic
-from quartet.quant.mx import _grouped, e4m3_block_scale
+from quartet.quant.mx import _grouped, e4m3_block_scale, nvfp4_tensor_scale
 
 __all__ = [
     "SR_HEADROOM",
@@ -64,15 +68,9 @@ MS_EDEN_CLIP = E2M1_MAX * (16.0 / 17.0) / 0.93
 MS_EDEN_SCALE_MAX = 256.0
 
 
-def _tensor_scale(g: torch.Tensor, c: float, scale_max: float) -> torch.Tensor:
-    """FP32 tensor scale amax/(c·scale_max) (1.0 for an all-zero tensor; NaN when the tensor holds a NaN)."""
-    amax = g.abs().amax()
-    return torch.where(amax == 0, torch.ones_like(amax), amax * (1.0 / (c * scale_max)))
-
-
 def _scaled(g: torch.Tensor, block: torch.Tensor, ts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(y = g/(block·S), the scale block·S) of a grouped tensor. A non-finite input makes S non-finite: its y are
-    zeroed here (the rounding cannot take NaN) and x̂ = q·(block·S) comes out NaN."""
+    """(y = g/(block·S), the scale block·S) of a grouped tensor. A group holding Inf/NaN has a NaN block scale: its y
+    are zeroed here (no NaN reaches the rounding or the EDEN sums) and x̂ = q·(block·S) comes out NaN."""
     s = (block * ts).unsqueeze(-1)
     return torch.nan_to_num(g / s, nan=0.0), s
 
@@ -88,8 +86,9 @@ def nvfp4_sr_headroom(x: torch.Tensor, generator: torch.Generator | None = None,
     """Unbiased NVFP4 stochastic rounding (amax mapped to 6·16/17, never clipped) → (x̂, E4M3 block scales, S)."""
     g = _grouped(x, group)
     c = E2M1_MAX * SR_HEADROOM
-    ts = _tensor_scale(g, c, E4M3_MAX)
-    block = e4m3_block_scale(g.abs().amax(dim=-1), c, ts)
+    amax_g = g.abs().amax(dim=-1)
+    ts = nvfp4_tensor_scale(amax_g, c, E4M3_MAX)
+    block = e4m3_block_scale(amax_g, c, ts)
     y, s = _scaled(g, block, ts)
     return (round_to_e2m1(y, stochastic=True, generator=generator) * s).reshape(x.shape), block, ts
 
@@ -99,8 +98,8 @@ def nvfp4_four_over_six(x: torch.Tensor, group: int = 16) -> tuple[torch.Tensor,
 
     ``block_scale == E4M3(amax_g/4/S)`` marks the groups that took the 4-branch."""
     g = _grouped(x, group)
-    ts = _tensor_scale(g, E2M1_MAX, FOUR_OVER_SIX_SCALE_MAX)
     amax_g = g.abs().amax(dim=-1)
+    ts = nvfp4_tensor_scale(amax_g, E2M1_MAX, FOUR_OVER_SIX_SCALE_MAX)
     cands = []
     for c in (E2M1_MAX, 4.0):
         block = e4m3_block_scale(amax_g, c, ts)
@@ -108,7 +107,7 @@ def nvfp4_four_over_six(x: torch.Tensor, group: int = 16) -> tuple[torch.Tensor,
         xq = q * (block * ts).unsqueeze(-1)
         cands.append((xq, block, (xq.double() - g.double()).square().sum(dim=-1)))
     (x6, b6, e6), (x4, b4, e4) = cands
-    four = e4 < e6  # (a NaN error compares False: a non-finite tensor stays on the NaN 6-branch)
+    four = e4 < e6  # (a NaN error compares False: a non-finite group stays on the NaN 6-branch)
     return torch.where(four.unsqueeze(-1), x4, x6).reshape(x.shape), torch.where(four, b4, b6), ts
 
 
@@ -120,8 +119,9 @@ def ms_eden_quantize(x: torch.Tensor, generator: torch.Generator | None = None, 
     group from ``generator``. ``stochastic=False`` returns them unrounded (not E4M3 values): x̂ is then the mean
     of the stochastic x̂ over the rounding draws, for analysis and tests."""
     g = _grouped(x, group)
-    ts = _tensor_scale(g, MS_EDEN_CLIP, MS_EDEN_SCALE_MAX)
-    block = e4m3_block_scale(g.abs().amax(dim=-1), MS_EDEN_CLIP, ts)
+    amax_g = g.abs().amax(dim=-1)
+    ts = nvfp4_tensor_scale(amax_g, MS_EDEN_CLIP, MS_EDEN_SCALE_MAX)
+    block = e4m3_block_scale(amax_g, MS_EDEN_CLIP, ts)
     q, y = _rtn(g, block, ts)
     yd = y.double()
     yy, yq = yd.square().sum(dim=-1), (yd * q.double()).sum(dim=-1)

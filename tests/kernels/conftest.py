@@ -88,3 +88,26 @@ class FastLayerChecks:
 @pytest.fixture
 def layer_checks() -> FastLayerChecks:
     return FastLayerChecks()
+
+
+def _edge_tensors(shape: tuple[int, int], seed: int = 0) -> dict[str, torch.Tensor]:
+    """Named inputs for the non-finite rule (issue #30, docs/precision.md "Non-finite inputs"): one NaN, +Inf or -Inf
+    at element (3, 5) of a random matrix, all zeros, float32 subnormals whose amax/c underflows to 0 (a few times
+    2^-149), subnormals with ~16 bits (1e-40) and huge finite values (up to 2.5e38)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(*shape, generator=g)
+    out = {}
+    for name, v in (("nan", float("nan")), ("inf", float("inf")), ("-inf", -float("inf"))):
+        out[name] = x.clone()
+        out[name][3, 5] = v
+    out["zeros"] = torch.zeros(shape)
+    out["3 ulps"] = torch.randint(-3, 4, shape, generator=g).float() * 2.0 ** -149
+    out["1e-40"] = x * 1e-40
+    out["huge"] = x / x.abs().amax() * 2.5e38
+    return out
+
+
+@pytest.fixture
+def edge_tensors():
+    """:func:`_edge_tensors` (shape, seed) -> dict of named edge-case matrices."""
+    return _edge_tensors

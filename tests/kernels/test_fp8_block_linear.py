@@ -71,6 +71,26 @@ def test_codes_and_scales_equal_the_oracle_bitwise(rows):
         assert torch.equal(B.dequantize_fp8_blocks(codes, scale, rows).cpu(), ref)
 
 
+@pytest.mark.parametrize("dev", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("rows", [1, 128])
+def test_nonfinite_zero_subnormal_and_huge_tiles_equal_the_oracle_bitwise(rows, dev, edge_tensors):
+    """The unit is the tile: a tile holding NaN/±Inf gets a NaN scale and NaN values (its codes NaN too), every other
+    tile as the oracle; all-zero tiles keep scale 1 and zeros, subnormal tiles stay finite, huge ones saturate.
+    Dequantized values and scales bitwise the oracle's on ``dev``."""
+    for name, x in edge_tensors((256, 384), 3).items():
+        codes, scale = B.quantize_fp8_blocks(x.to(dev), rows)
+        ref, ref_scale = fp8_blockwise_quantize(x, rows, 128)
+        if name in ("nan", "inf", "-inf"):  # element (3, 5): the tile of rows 3 (or 0..127), columns 0..127
+            tile = torch.zeros_like(ref, dtype=torch.bool)
+            tile[(3 if rows == 1 else 0):(4 if rows == 1 else 128), :128] = True
+            assert torch.equal(torch.isnan(ref), tile) and int(torch.isnan(ref_scale).sum()) == 1, name
+        else:
+            assert torch.isfinite(ref).all(), name
+        torch.testing.assert_close(scale.cpu(), ref_scale, rtol=0, atol=0, equal_nan=True, msg=name)
+        torch.testing.assert_close(B.dequantize_fp8_blocks(codes, scale, rows).cpu(), ref, rtol=0, atol=0,
+                                   equal_nan=True, msg=name)
+
+
 @pytest.mark.parametrize("T", [256, 200])  # 200: tokens zero-padded to a multiple of 128 inside
 def test_layer_matches_the_oracle_layer(T, layer_checks):
     # the same FP8 operands on both sides (bitwise, test above); only the GEMM's float32 accumulation order

@@ -46,6 +46,20 @@ def test_non_finite_input_propagates_instead_of_hiding():
     assert not torch.isfinite(codes.float() * scale).all()
 
 
+@pytest.mark.parametrize("dev", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("fmt,dtype", [("e4m3", F8.E4M3), ("e5m2", F8.E5M2)])
+def test_nonfinite_zero_subnormal_and_huge_tensors_equal_the_oracle_bitwise(fmt, dtype, dev, edge_tensors):
+    """The unit of a tensor scale is the tensor: one NaN/±Inf makes the scale and every value NaN, as the oracle; an
+    all-zero tensor keeps scale 1 and zeros; subnormal tensors stay finite (a scale that underflows to 0 flushes to
+    ±0); huge values saturate at ±fmax·s. Codes × scale and the scale bitwise the oracle's on ``dev``."""
+    for name, x in edge_tensors((64, 96), 2).items():
+        codes, scale = F8.fp8_tensor_quantize(x.to(dev), dtype)
+        ref, ref_scale = fp8_quantize(x, fmt, "tensor")
+        assert torch.isnan(ref).all() if name in ("nan", "inf", "-inf") else torch.isfinite(ref).all(), name
+        torch.testing.assert_close(scale.cpu(), ref_scale, rtol=0, atol=0, equal_nan=True, msg=name)
+        torch.testing.assert_close((codes.float() * scale).cpu(), ref, rtol=0, atol=0, equal_nan=True, msg=name)
+
+
 @pytest.mark.parametrize("T", [64, 50])  # 50: tokens padded to a multiple of 16 inside
 def test_layer_matches_the_oracle_layer(T, layer_checks):
     # same FP8 operands on both sides; only the GEMM's accumulation differs (Hopper's FP8 tensor cores

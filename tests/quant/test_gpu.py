@@ -75,6 +75,32 @@ def test_quant_linear_runs_on_cuda_with_seeded_sr():
         assert torch.equal(grads[0], grads[1]), name  # reproducible on the GPU too
 
 
+def test_nonfinite_zero_subnormal_and_huge_units_match_cpu_for_every_kind():
+    """Issue #30's edge cases (tests/quant/test_nonfinite.py) for every quantizer kind on the GPU, where the reference
+    path is what runs nvfp4, ms_fp4, luq, int4, ... : the same NaN elements as on the CPU (whole scale units) and
+    every other value bitwise the CPU's. QuEST's σ is a matmul (a few elements may differ, as above); the kinds that
+    draw random numbers draw other ones from a CUDA generator, so only their NaN pattern and finiteness are compared."""
+    from test_nonfinite import KINDS, edge_inputs
+
+    from quartet.quant.quantizers import _RANDOM_KINDS, reference_quantize
+
+    cases = edge_inputs()
+    for kind, (spec, _) in KINDS.items():
+        random = spec.stochastic or spec.kind in _RANDOM_KINDS
+        for name, x in cases.items():
+            c = reference_quantize(x, spec, seed=1).dequantized()
+            d = reference_quantize(x.cuda(), spec, seed=1).dequantized()
+            assert d.is_cuda
+            d = d.cpu()
+            assert torch.equal(torch.isnan(c), torch.isnan(d)), (kind, name)
+            assert torch.equal(torch.isinf(c), torch.isinf(d)), (kind, name)
+            if random:
+                continue
+            ok = ~torch.isnan(c)
+            frac = float((c[ok] != d[ok]).float().mean()) if ok.any() else 0.0
+            assert frac < 1e-3 if spec.kind == "quest" else frac == 0.0, (kind, name, frac)
+
+
 if __name__ == "__main__":  # pragma: no cover - bare GPU box without pytest
     import sys
 
@@ -82,4 +108,6 @@ if __name__ == "__main__":  # pragma: no cover - bare GPU box without pytest
     print(torch.__version__, torch.cuda.get_device_name(0))
     test_deterministic_quantizers_match_cpu()
     test_quant_linear_runs_on_cuda_with_seeded_sr()
+    sys.path.insert(0, "tests/quant")
+    test_nonfinite_zero_subnormal_and_huge_units_match_cpu_for_every_kind()
     print("gpu checks passed")
