@@ -384,7 +384,15 @@ def cli_main(argv: list[str] | None = None) -> int:
     except QuartetError as exc:
         print(f"quartet sweep: error: {exc}", file=sys.stderr)
         return 2
+    if not plan.runs:
+        print(f"quartet sweep: error: sweep {plan.spec.name} has 0 runs (its exclude drops every point of the grid); "
+              f"nothing to do", file=sys.stderr)
+        return 2
     render_plan(plan, console, max_rows=args.max_rows)
+    if plan.duplicates:
+        more = f" (and {len(plan.duplicates) - 1} more)" if len(plan.duplicates) > 1 else ""
+        console.print(f"note: {len(plan.duplicates)} duplicate grid point(s) dropped, each the same run as an earlier "
+                      f"one: {plan.duplicates[0]}{more}")
     try:
         check_corrupt(plan)
     except QuartetError as exc:
@@ -418,7 +426,15 @@ def cli_main(argv: list[str] | None = None) -> int:
         except QuartetError as exc:
             print(f"quartet sweep: error: {exc}", file=sys.stderr)
             return 2
-    claimed, taken = claim_and_prepare(plan, todo)
+    from quartet.paths import apply_shared_umask, permission_hint
+
+    apply_shared_umask(plan.group_dir)  # a group-shared runs directory: claims, configs and runs group-writable
+    try:
+        claimed, taken = claim_and_prepare(plan, todo)
+    except PermissionError as exc:
+        print(f"quartet sweep: error: {exc.strerror}: {exc.filename}; {permission_hint(exc.filename)}; "
+              f"nothing was submitted", file=sys.stderr)
+        return 2
     if taken:
         console.print(f"{len(taken)} run(s) were claimed by another launch in the meantime; skipped")
     if not claimed:

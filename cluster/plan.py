@@ -74,6 +74,8 @@ class Plan:
     profile: ClusterProfile
     runs_root: Path
     runs: list[PlannedRun] = field(default_factory=list)
+    #: grid points dropped because an earlier point has the same run id (one line each)
+    duplicates: list[str] = field(default_factory=list)
 
     @property
     def group_dir(self) -> Path:
@@ -165,8 +167,8 @@ def build_plan(spec: SweepSpec, profile: ClusterProfile, runs_root: Path, extra:
         except Exception as exc:  # anything else from compose/resolve: still name the run
             errors.append(f"run [{point.label}]: {type(exc).__name__}: {_one_line(exc)}")
             continue
-        if rid in seen:
-            errors.append(f"run [{point.label}]: same config (id {rid}) as run [{seen[rid]}]; the grid has duplicate points")
+        if rid in seen:  # the same experiment twice (e.g. points differing only in logging): run once
+            plan.duplicates.append(f"run [{point.label}] = run [{seen[rid]}] (id {rid})")
             continue
         seen[rid] = point.label
         precision = str(cfg.precision.name)

@@ -141,11 +141,14 @@ def read_claim(run_dir: Path) -> dict[str, Any] | None:
     return read_json(Path(run_dir) / CLAIM)
 
 
-def claim_alive(claim: dict[str, Any] | None, queue: dict[str, str] | None) -> bool:
+def claim_alive(claim: dict[str, Any] | None, queue: dict[str, str] | None, run_dir: Path | None = None) -> bool:
     """Whether the holder of ``claim`` may still be working on the run.
 
     ``queue`` is :func:`cluster.slurm.queue` (None = squeue unavailable: Slurm claims are then
-    trusted, never broken blindly).
+    trusted, never broken blindly). A claim of a launcher on another host cannot be checked: it is trusted
+    while the run's files (``.claim``, ``state.json``, ``metrics.jsonl`` of ``run_dir``) changed within
+    :data:`FOREIGN_CLAIM_TTL_S`, judged by their modification times (stamped by the shared file system), not
+    by the other host's clock in the claim.
     """
     if not claim:
         return False
@@ -157,7 +160,27 @@ def claim_alive(claim: dict[str, Any] | None, queue: dict[str, str] | None) -> b
     if claim.get("host") == socket.gethostname():
         pid = claim.get("pid")
         return isinstance(pid, int) and _pid_alive(pid)
-    return time.time() - float(claim.get("time", 0)) < FOREIGN_CLAIM_TTL_S
+    return time.time() - foreign_heartbeat(claim, run_dir) < FOREIGN_CLAIM_TTL_S
+
+
+def foreign_heartbeat(claim: dict[str, Any], run_dir: Path | None) -> float:
+    """The latest sign of life of a run claimed on another host: its files' modification times (or, without a
+    run directory, the claim's own time)."""
+    if run_dir is None:
+        return float(claim.get("time", 0) or 0)
+    return max(_mtime(Path(run_dir) / f) for f in (CLAIM, STATE, METRICS))
+
+
+def foreign_claim(claim: dict[str, Any] | None) -> bool:
+    """A claim of a local launcher on another host: nothing of it can be checked from here."""
+    return bool(claim) and claim.get("scheduler") != "slurm" and claim.get("host") not in (None, socket.gethostname())
+
+
+def _record(run_dir: Path, **fields: Any) -> None:
+    """``write_state`` for what status found, where it can: a reader without write access (a second user of a
+    shared runs directory) still gets its report, and the file stays as it was."""
+    with contextlib.suppress(OSError):
+        write_state(run_dir, **fields)
 
 
 def try_claim(run_dir: Path, info: dict[str, Any], queue: dict[str, str] | None) -> bool:
@@ -182,7 +205,7 @@ def train_lock_holder(run_dir: Path) -> dict[str, Any] | None:
 @contextlib.contextmanager
 def _claim_lock(run_dir: Path):
     """Exclusive advisory lock (flock) serialising claim attempts on one run directory."""
-    fd = os.open(run_dir / ".claim.lock", os.O_CREAT | os.O_RDWR, 0o644)
+    fd = os.open(run_dir / ".claim.lock", os.O_CREAT | os.O_RDWR, 0o666)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -195,7 +218,7 @@ def _try_claim_locked(run_dir: Path, info: dict[str, Any], queue: dict[str, str]
     record = {"pid": os.getpid(), "host": socket.gethostname(), "time": time.time(), "job_id": None, **info}
     for _ in range(3):
         try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
         except FileExistsError:
             current = read_claim(run_dir)
             if current is None:
@@ -204,7 +227,7 @@ def _try_claim_locked(run_dir: Path, info: dict[str, Any], queue: dict[str, str]
                 current = read_claim(run_dir)
                 if current is None and time.time() - _mtime(path) < 5:
                     return False
-            if current is not None and claim_alive(current, queue):
+            if current is not None and claim_alive(current, queue, run_dir):
                 return False
             # stale: break it atomically; only one contender's rename can succeed
             try:
@@ -311,13 +334,13 @@ def inspect(run_dir: Path, queue: dict[str, str] | None = None, reconcile_dead: 
         return view
     corrupt = corrupt_summary(run_dir)
     if corrupt is not None:  # maybe finished: never "new", never reconciled or relaunched
-        view.state, view.live = "corrupt", claim_alive(claim, queue) or train_lock_holder(run_dir) is not None
+        view.state, view.live = "corrupt", claim_alive(claim, queue, run_dir) or train_lock_holder(run_dir) is not None
         view.error = corrupt.replace(str(run_dir / SUMMARY), SUMMARY, 1)  # the table's column: no long path
         return view
     if view.state == "completed":  # summary.json is the only completion marker (it was deleted)
         view.state = "new"
     # a held train lock means a trainer is at work, even when the launcher of its claim is gone
-    view.live = claim_alive(claim, queue) or train_lock_holder(run_dir) is not None
+    view.live = claim_alive(claim, queue, run_dir) or train_lock_holder(run_dir) is not None
     slurm_claim = bool((claim or {}).get("scheduler") == "slurm" and (claim or {}).get("job_id"))
     if view.live:
         if slurm_claim and queue is None:
@@ -341,6 +364,21 @@ def inspect(run_dir: Path, queue: dict[str, str] | None = None, reconcile_dead: 
         elif view.state != "running":
             view.state = "pending" if view.job_state is None else "running"
         return view
+    if view.state == "pending" and claim is not None and not slurm_claim and not foreign_claim(claim):
+        # claimed by a local launcher that stopped (killed) before any worker started the run: nothing ran, nothing
+        # failed; it is what it was before the launch (new, or preempted with a checkpoint to resume from)
+        ckpt = run_dir / "ckpt"
+        started = view.step or (ckpt.is_dir() and any(ckpt.iterdir()))
+        view.state = "preempted" if started else "new"
+        view.note = f"its launcher (pid {claim.get('pid')}) stopped before the run started; a relaunch starts it"
+        return view
+    if view.state in {"running", "pending"} and foreign_claim(claim):
+        # a launcher on another host whose files stopped changing: it may still be alive; nothing is written
+        age = time.time() - foreign_heartbeat(claim, run_dir)
+        view.state = "stale"
+        view.error = (f"stale: claimed by pid {claim.get('pid')} on {claim.get('host')}, no update of its files for "
+                      f"{_age(age)}; not checkable from here (nothing was written); if it died, relaunch resumes it")
+        return view
     if view.state in {"running", "pending"} and claim is not None:
         # the process that owned the run is gone and never wrote an end state
         end = slurm.final_state(view.job_id) if (view.job_id and slurm_claim) else None
@@ -351,7 +389,7 @@ def inspect(run_dir: Path, queue: dict[str, str] | None = None, reconcile_dead: 
         view.error = (f"{'cancelled' if cancelled else 'lost'}: {what} at step {view.step or 0} without an end "
                       f"marker; relaunch resumes from the last checkpoint")
         if reconcile_dead and st:
-            write_state(run_dir, state="failed", error=view.error)
+            _record(run_dir, state="failed", error=view.error)
     elif view.state == "preempted" and slurm_claim and queue is not None:
         _not_requeued(run_dir, view, claim, st, reconcile_dead)
     elif view.state in {"running", "pending"}:  # no claim: a standalone `quartet train`
@@ -359,7 +397,7 @@ def inspect(run_dir: Path, queue: dict[str, str] | None = None, reconcile_dead: 
     elif view.state == "failed" and view.error and view.error.startswith("cancelled"):
         view.state = "cancelled"
     if view.state == "failed" and not view.error and (run_dir / ERROR).exists():
-        lines = (run_dir / ERROR).read_text(errors="replace").strip().splitlines()
+        lines = _tail(run_dir / ERROR, 8192).strip().splitlines()  # "" when unreadable (another user's 0600 file)
         view.error = lines[-1] if lines else None
     return view
 
@@ -405,7 +443,7 @@ def _not_requeued(run_dir: Path, view: RunView, claim: dict[str, Any] | None, st
         view.state = "failed"
         view.error = f"not requeued: {why}; {ended} at step {view.step or 0}; relaunch resumes from the last checkpoint"
     if reconcile_dead and st:
-        write_state(run_dir, state="failed", error=view.error)
+        _record(run_dir, state="failed", error=view.error)
 
 
 def _age(seconds: float) -> str:
@@ -455,7 +493,7 @@ def _check_standalone(run_dir: Path, view: RunView, st: dict[str, Any], reconcil
         if reconcile_dead:
             now = read_json(run_dir / STATE) or {}
             if now.get("pid") == pid and now.get("state") == st.get("state"):  # not restarted meanwhile
-                write_state(run_dir, state="failed", error=view.error)
+                _record(run_dir, state="failed", error=view.error)
         return
     beat = max(_mtime(run_dir / STATE), _mtime(run_dir / METRICS))
     interval = _metrics_interval(run_dir)

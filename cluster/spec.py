@@ -30,7 +30,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from quartet.errors import ConfigError
-from quartet.paths import SWEEPS_DIR
+from quartet.paths import SWEEPS_DIR, check_folder_name
 
 
 @dataclass
@@ -127,6 +127,7 @@ def _load_chain(path: Path, sweeps_dir: Path, seen: tuple[str, ...]) -> DictConf
 
 
 def _check(spec: SweepSpec) -> None:
+    check_folder_name("sweep name", spec.name)
     if not spec.axes and not spec.include:
         raise ConfigError(f"sweep {spec.name}: needs at least one axis in 'axes' or one run in 'include'")
     for key, values in spec.axes.items():

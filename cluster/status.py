@@ -129,7 +129,11 @@ def cli_main(argv: list[str] | None = None) -> int:
     if not group.is_dir():
         print(missing_sweep_message(args.name, name, root, bool(args.runs_dir)), file=sys.stderr)
         return 1
-    views, warning = collect_checked(group)
+    try:
+        views, warning = collect_checked(group)
+    except PermissionError as exc:  # status only reads: a folder it may not list is named, not a traceback
+        print(f"quartet status: error: {exc.strerror}: {exc.filename}; cannot list the sweep's runs", file=sys.stderr)
+        return 1
     if warning:
         print(warning, file=sys.stderr)
     if not args.watch:

@@ -24,6 +24,7 @@ traceback (and the run looked reset to step 0) or, worse, loaded silently. So:
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -88,19 +89,41 @@ def _fsync_dir(folder: Path) -> None:
         pass
 
 
+def root_os_error(exc: BaseException) -> OSError | None:
+    """The innermost :class:`OSError` in ``exc``'s chain (``__cause__`` / ``__context__``), or None: the file
+    system's own word (``[Errno 28] No space left on device: ...``) under whatever wrapped it."""
+    found, seen = None, set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError):
+            found = exc
+        exc = exc.__cause__ or exc.__context__
+    return found
+
+
 def save_atomic(obj, path: str | Path) -> Path:
     """Save ``obj`` to ``path`` with a checksum header; the old ``path`` becomes ``prev.pt`` (module docstring)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(b" " * HEADER_LEN)  # placeholder: the header is known only after the payload
-        writer = _HashingWriter(fh)
-        _serialize(obj, writer)
-        fh.seek(0)
-        fh.write(_HEADER.format(sha=writer.sha.hexdigest(), n=writer.n).encode())
-        fh.flush()
-        os.fsync(fh.fileno())
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(b" " * HEADER_LEN)  # placeholder: the header is known only after the payload
+            writer = _HashingWriter(fh)
+            _serialize(obj, writer)
+            fh.seek(0)
+            fh.write(_HEADER.format(sha=writer.sha.hexdigest(), n=writer.n).encode())
+            fh.flush()
+            os.fsync(fh.fileno())
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()  # a partial file only takes the space a full disk lacks
+        cause = root_os_error(exc)
+        if cause is not None and cause is not exc:
+            # torch.save turns a failed write into a RuntimeError, and closing the file raises it again:
+            # one error, the file system's, instead of a chain of three
+            raise cause from None
+        raise
     if path.is_file():
         os.replace(path, prev_path(path))
     os.replace(tmp, path)

@@ -26,7 +26,7 @@ from omegaconf.errors import OmegaConfBaseException
 from quartet.errors import ConfigError
 from quartet.memory import PARALLEL_CHOICES
 from quartet.model import block_linear_names, ffn_hidden
-from quartet.paths import CONF_DIR
+from quartet.paths import CONF_DIR, check_folder_name
 from quartet.quant.config import PrecisionConfig, keep_bf16_matches
 
 # --------------------------------------------------------------------------------------------
@@ -489,6 +489,7 @@ def resolve(cfg: DictConfig, world_size: int = 1) -> ResolvedRun:
     _require(m.d_model % m.n_head == 0, f"model.n_head={m.n_head}: must divide model.d_model={m.d_model}")
     _require((m.d_model // m.n_head) % 2 == 0, f"model.n_head={m.n_head}: head dim d_model/n_head must be even (RoPE)")
     _require(float(m.nominal_params) > 0, f"model.nominal_params={m.nominal_params}: must be > 0")
+    check_folder_name("run.name", r.name)
     # keep_bf16 patterns must name block linears of this model: checked here so a sweep fails before it submits
     keep_bf16_matches(block_linear_names(int(m.n_layer)), cfg.precision.get("keep_bf16") or (),
                       lambda prefix: int(m.n_layer) if prefix == "blocks" else None)

@@ -36,7 +36,10 @@ from quartet.errors import NonFiniteError, QuartetError
 from quartet.paths import REPO_ROOT
 from quartet.proc import process_start
 
-#: the values of state.json's "state"
+#: a few KiB the trainer sets aside in its run directory while it trains and frees when it fails, so that on a full
+#: disk error.txt and state.json still have room for the reason (``.space-reserve``; removed at every end)
+RESERVE_FILE = ".space-reserve"
+RESERVE_BYTES = 64 * 1024
 
 
 def _now() -> str:
@@ -81,6 +84,18 @@ def environment_info(device: torch.device) -> dict:
         "world_size": qdist.world_size_from_env(), "recorded": _now(),
     }
     return info
+
+
+class _RunLogFile(logging.FileHandler):
+    """train.log: a write that fails (full or read-only disk) is dropped silently rather than printing logging's
+    "--- Logging error ---" traceback for every later line; the run's own error says what happened."""
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
+        pass
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            super().close()
 
 
 class WandbMirror:
@@ -192,7 +207,7 @@ class RunRecorder:
         """Send the run's log to ``train.log`` and stdout (rank 0); other ranks log warnings only."""
         fmt = logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%Y-%m-%d %H:%M:%S")
         if self.is_main:
-            for h in (logging.FileHandler(self.dir / "train.log"), logging.StreamHandler(sys.stdout)):
+            for h in (_RunLogFile(self.dir / "train.log"), logging.StreamHandler(sys.stdout)):
                 h.setFormatter(fmt)
                 self.log.addHandler(h)
                 self._handlers.append(h)
@@ -219,18 +234,41 @@ class RunRecorder:
         if not self.is_main:
             return
         self._truncate_metrics(step)
+        self._reserve_space()
         self.write_state("running", step)
         self.wandb = WandbMirror(wcfg, self.dir, self.run_id, config, self.log)
 
     def _truncate_metrics(self, step: int) -> None:
-        """Drop metric rows newer than the checkpoint (written before a crash, recomputed on resume)."""
+        """Drop metric rows newer than the checkpoint (written before a crash, recomputed on resume), any final row
+        (a run being trained has no summary.json, so a final row is one whose summary was never written: the final
+        evaluation writes it again) and a second row of one step, so that each step appears once."""
         path = self.dir / "metrics.jsonl"
         if not path.is_file():
             return
-        keep = [line for line, row in self.metrics_rows() if row.get("step", 0) <= step]
+        keep, seen = [], set()
+        for line, row in self.metrics_rows():
+            s = row.get("step", 0)
+            if s > step or row.get("final") or s in seen:
+                continue
+            seen.add(s)
+            keep.append(line)
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text("".join(k + "\n" for k in keep))
         os.replace(tmp, path)
+
+    def _reserve_space(self) -> None:
+        """Set :data:`RESERVE_BYTES` aside in the run directory (best effort; see :data:`RESERVE_FILE`)."""
+        with contextlib.suppress(OSError):
+            with open(self.dir / RESERVE_FILE, "wb") as fh:
+                fh.write(b"\0" * RESERVE_BYTES)
+                fh.flush()
+                os.fsync(fh.fileno())
+
+    def free_reserve(self) -> None:
+        """Give the reserved space back (at every end of the run, first thing on a failure)."""
+        if self.is_main:
+            with contextlib.suppress(OSError):
+                (self.dir / RESERVE_FILE).unlink()
 
     # -- during the run ---------------------------------------------------------------------
     def write_state(self, state: str, step: int, error: str | None = None, keep_step: bool = False) -> None:
@@ -280,7 +318,8 @@ class RunRecorder:
         finally:
             bar.close()
             if metrics is not None:
-                metrics.close()
+                with contextlib.suppress(OSError):  # a full disk: the run's own error says so
+                    metrics.close()
 
     # -- the end ----------------------------------------------------------------------------
     def complete(self, summary: dict) -> None:
@@ -303,17 +342,28 @@ class RunRecorder:
         if not self.is_main:
             return
         failed = not isinstance(exc, KeyboardInterrupt)
-        (self.dir / "error.txt").write_text(
-            (str(exc) + "\n\n" if isinstance(exc, NonFiniteError) else "") + traceback.format_exc())
-        self.write_state("failed" if failed else "preempted", step,
-                         error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
-                         keep_step=keep_step)
+        self.free_reserve()  # on a full disk, the room for what follows
+        line = error_line(exc)
+        # best effort, each on its own: a full or read-only disk must not turn the run's one error into three
+        with contextlib.suppress(OSError):
+            text = (str(exc) + "\n\n" if isinstance(exc, NonFiniteError) else "") + traceback.format_exc()
+            try:
+                (self.dir / "error.txt").write_text(text)
+            except OSError:  # no room for the traceback: the reason alone, never an empty file
+                (self.dir / "error.txt").write_text(line + "\n")
+        with contextlib.suppress(OSError):
+            self.write_state("failed" if failed else "preempted", step, error=line, keep_step=keep_step)
         self.log.error("run failed: %s", exc)
 
     def finish_mirror(self, exit_code: int) -> None:
         """Close the wandb mirror, if any (0 = the run ended cleanly)."""
         if self.wandb is not None:
             self.wandb.finish(exit_code)
+
+
+def error_line(exc: BaseException) -> str:
+    """``Type: first line`` of an error (what state.json's ``error`` holds)."""
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
 
 
 def data_identity(manifest: dict) -> dict:

@@ -93,11 +93,38 @@ class RunLock:
             pass
         os.close(fd)  # closing the last descriptor of the open file releases the flock
 
+    def current_dir(self) -> Path | None:
+        """Where the locked run directory is now (Linux: the lock file's open descriptor follows a rename of its
+        folder), or None when unknown or deleted."""
+        if self._fd is None:
+            return None
+        try:
+            where = os.readlink(f"/proc/self/fd/{self._fd}")
+        except OSError:
+            return None
+        if where.endswith(" (deleted)") or not where.startswith("/"):
+            return None
+        return Path(where).parent
+
     def __enter__(self) -> RunLock:
         return self
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def refusal(what: str, holder: dict[str, Any] | None, path: Path) -> RunLockedError:
+    """The one-line error of a run whose lock ``path`` is held by ``holder``."""
+    return RunLockedError(f"{what} is being trained by {describe(holder)}; lock {path}: nothing was changed; wait for "
+                          f"it to finish (quartet status) or stop it, then run the same command again", holder)
+
+
+def check_free(run_dir: Path | str, what: str = "run") -> None:
+    """Raise :func:`refusal`'s error when another process holds ``run_dir``'s lock (read-only probe, see
+    :func:`holder`): a command refuses at once instead of after building its model and data."""
+    held = holder(run_dir)
+    if held is not None:
+        raise refusal(what, held, Path(run_dir) / LOCK_FILE)
 
 
 def acquire(run_dir: Path | str, what: str = "run", retry_s: float = ACQUIRE_RETRY_S) -> RunLock:
@@ -111,7 +138,7 @@ def acquire(run_dir: Path | str, what: str = "run", retry_s: float = ACQUIRE_RET
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / LOCK_FILE
     # O_CLOEXEC (Python's default): a child process (git, a data worker) must never inherit the lock
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)  # the umask decides (group-writable when shared)
     deadline = time.monotonic() + retry_s
     while True:
         try:
@@ -124,9 +151,7 @@ def acquire(run_dir: Path | str, what: str = "run", retry_s: float = ACQUIRE_RET
             if time.monotonic() >= deadline:
                 holder = _read(fd)
                 os.close(fd)
-                raise RunLockedError(
-                    f"{what} is being trained by {describe(holder)}; lock {path}: nothing was changed; wait for it "
-                    f"to finish (quartet status) or stop it, then run the same command again", holder) from None
+                raise refusal(what, holder, path) from None
             time.sleep(0.05)
     record = {"pid": os.getpid(), "host": socket.gethostname(), "slurm_job_id": _slurm_job(),
               "job_id": os.environ.get(JOB_ENV) or None,

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import math
+import os
 import random
 import signal
 import sys
@@ -28,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from quartet import checkpoint as ckpt_io
 from quartet import distributed as qdist
@@ -38,6 +40,7 @@ from quartet.config import ResolvedRun, compose, load_config_file, resolve, to_c
 from quartet.data import WindowSampler, open_data, read_windows, val_windows
 from quartet.errors import NonFiniteError, QuartetError
 from quartet.model import BlockLinear, Llama
+from quartet.paths import apply_shared_umask
 from quartet.recorder import RunRecorder, diagnose_non_finite, make_summary
 from quartet.runs import config_hash, run_dir, run_id
 
@@ -82,6 +85,19 @@ def param_groups(model: torch.nn.Module, decay_ids: set[int], weight_decay: floa
 # ----------------------------------------------------------------------------------------------
 
 
+class RunDirMovedError(QuartetError):
+    """The run directory was moved, renamed or replaced while its trainer held it (one-line message)."""
+
+
+def _dir_key(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of ``path``, or None when it does not exist (any more)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 class Trainer:
     """One training run of ``cfg`` into ``run_dir(cfg)``; see docs/ARCHITECTURE.md for the files.
 
@@ -124,6 +140,7 @@ class Trainer:
         #: (a launcher records its job in state.json there, so a refused duplicate never touches it)
         self.on_start: list = []
         self._lock = None
+        self._dir_id: tuple[int, int] | None = None  # the run directory trained in (rank 0): detects a move
         self.step = 0
         self.elapsed_prev = 0.0
         #: the run directory's files other than checkpoints (state, metrics, summary, logs, wandb)
@@ -362,6 +379,7 @@ class Trainer:
         """Rank 0 takes the run lock; every rank raises RunLockedError (after teardown) if it is held."""
         lock, refused = None, None
         if self.is_main:
+            apply_shared_umask(self.dir)  # a group-shared runs directory: what the run writes stays group-writable
             try:
                 lock = runlock.acquire(self.dir, what=f"run {self.run_id}")
             except runlock.RunLockedError as exc:
@@ -375,9 +393,39 @@ class Trainer:
                                                     f"process (see {self.dir / runlock.LOCK_FILE})")
         return lock
 
+    def _dir_moved(self) -> bool:
+        """Rank 0: True when ``self.dir`` no longer names the directory this trainer locked (moved, renamed,
+        deleted, or another directory put in its place). Other ranks: False."""
+        return self.is_main and self._dir_id is not None and _dir_key(self.dir) != self._dir_id
+
+    def _raise_if_moved(self, moved: bool) -> None:
+        """Collective: stop every rank with :class:`RunDirMovedError` when rank 0 found its directory moved."""
+        if qdist.any_rank(moved, self.dist, self.device):
+            raise self._moved_error()
+
+    def _moved_error(self) -> RunDirMovedError:
+        """The error of a run directory that moved while this trainer held it.
+
+        Nothing more is written at the old path (it may be gone, or be another run's now). Where the kernel still
+        knows the directory (the lock file's open descriptor follows a rename), the failure is recorded there, so
+        the run resumes from its last checkpoint at its new place."""
+        if not self.is_main:
+            return RunDirMovedError(f"run {self.run_id}: rank 0 found its directory {self.dir} moved; stopped")
+        old, new = self.dir, self._lock.current_dir() if self._lock is not None else None
+        if new is not None and new != old:
+            self.record.dir = new  # fail() records the reason where the run now is
+            return RunDirMovedError(
+                f"run directory {old} was moved to {new} while training (step {self.step}); stopped without writing "
+                f"to the old path; resume there from its last checkpoint: quartet train --config-file {new / 'config.yaml'}")
+        self.record.is_main = False  # nowhere to record it: the old path is not this run's any more
+        return RunDirMovedError(
+            f"run directory {old} vanished or was replaced while training (step {self.step}); stopped without writing "
+            f"to it again; if it was moved, resume from its new place: quartet train --config-file NEW_DIR/config.yaml")
+
     def _run_locked(self) -> dict:
         if self.is_main:
             (self.dir / "ckpt").mkdir(parents=True, exist_ok=True)
+            self._dir_id = _dir_key(self.dir)
         qdist.barrier(self.dist)
         self.record.open_log()
         resuming = False
@@ -402,10 +450,17 @@ class Trainer:
             self.record.finish_mirror(0)
             return result
         except BaseException as exc:
+            if isinstance(exc, OSError) and self._dir_moved():
+                # moved between the last check and a write (which then found no folder): say that, not ENOENT
+                moved = self._moved_error()
+                self.record.fail(moved, self.step, keep_step=resuming)
+                self.record.finish_mirror(1)
+                raise moved from None
             self.record.fail(exc, self.step, keep_step=resuming)
             self.record.finish_mirror(1)
             raise
         finally:
+            self.record.free_reserve()
             self.record.close_log()
             qdist.teardown(self.dist)
 
@@ -417,7 +472,9 @@ class Trainer:
         loss_v = float("nan")
         with self.record.progress(self.step, show=bool(lcfg.progress)) as record:
             while self.step < r.steps:
-                if qdist.any_rank(self._stop.is_set(), self.dist, self.device):
+                moved = self._dir_moved()
+                if qdist.any_rank(self._stop.is_set() or moved, self.dist, self.device):
+                    self._raise_if_moved(moved)
                     return self._preempt()
                 lr = self.optimizer.param_groups[0]["lr"]
                 loss_v, gn_v = self._step()
@@ -427,10 +484,12 @@ class Trainer:
                     for fn in self.callbacks:
                         fn(self, {"step": s, "loss": loss_v, "grad_norm": gn_v, "lr": lr})
                 if int(lcfg.ckpt_every) > 0 and s % int(lcfg.ckpt_every) == 0 and s != r.steps:
+                    self._raise_if_moved(self._dir_moved())
                     self.save_checkpoint()
                     self.record.write_state("running", s)
         val_loss = self.evaluate(None)
         elapsed = self.elapsed_prev + time.time() - self._t_start
+        self._raise_if_moved(self._dir_moved())
         self.save_checkpoint()
         summary = make_summary(self.cfg, r, run_id=self.run_id, config_hash=self.config_hash,
                                manifest=self.data.manifest, device=self.device, world_size=self.dist.world_size,
@@ -497,6 +556,49 @@ def _install_stop_signals(trainer: Trainer) -> None:
     signal.signal(signal.SIGINT, handler)
 
 
+#: files that make a folder a run directory (something trained, or is training, there)
+_RUN_FILES = ("state.json", "metrics.jsonl", "summary.json", "ckpt", runlock.LOCK_FILE)
+
+
+def where_config_lives(cfg: DictConfig, config_file: str | Path, overrides: list[str]) -> DictConfig:
+    """A run replayed from ``<dir>/config.yaml`` trains in ``<dir>`` when ``<dir>`` is named after the run's id: a
+    copied or moved run directory trains (and resumes from its checkpoint) where it is now, not at the path its
+    config.yaml recorded. Overrides that make another run put it beside ``<dir>``; explicit ``run.out_dir`` /
+    ``run.name`` overrides win. A folder holding a run's files under another name (renamed, or config.yaml edited)
+    is refused with one line; a config.yaml elsewhere replays to its recorded ``run.out_dir`` / ``run.name``."""
+    path = Path(config_file)
+    home = (path if path.is_dir() else path.parent).resolve()
+    if any(o.lstrip("+").startswith(("run.out_dir=", "run.name=")) for o in overrides):
+        return cfg
+    own = run_id(cfg) if not overrides else run_id(load_config_file(config_file))
+    if home.name != own:
+        if any((home / f).exists() for f in _RUN_FILES):
+            raise QuartetError(f"{home} holds a run's files but its config.yaml is run {own} (was the folder renamed, "
+                               f"or config.yaml edited?); rename the folder to {own}, or copy config.yaml to a "
+                               f"folder of its own, then run again")
+        return cfg
+    OmegaConf.set_readonly(cfg.run, False)
+    cfg.run.out_dir = str(home.parent.parent)
+    cfg.run.name = home.parent.name
+    return cfg
+
+
+def os_error_line(exc: OSError, directory: Path | None) -> str:
+    """One line for a file-system error that stopped ``quartet train``: what failed where, and what to do."""
+    what = (exc.strerror or str(exc)) + (f": {exc.filename}" if exc.filename else "")
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        from quartet.paths import permission_hint
+
+        return f"{what}; {permission_hint(exc.filename or directory)}"
+    fix = {errno.ENOSPC: "free space on that file system", errno.EDQUOT: "free space within your disk quota",
+           errno.EROFS: "the file system is read-only: remount it read-write or set run.out_dir elsewhere"}
+    err = directory / "error.txt" if directory is not None else None
+    saved = (f"the run is marked failed, details in {err}" if err is not None and err.is_file() and err.stat().st_size
+             else "nothing more could be recorded")
+    return (f"{what}; {saved}; {fix.get(exc.errno, 'fix the cause')}, then run the same command again "
+            f"(it resumes from the last checkpoint)")
+
+
 def cli_main(argv: list[str] | None = None) -> int:
     """``quartet train [overrides...] [--print-config] [--config-file DIR/config.yaml]``."""
     parser = argparse.ArgumentParser(prog="quartet train", description="Train one run (Hydra overrides, e.g. "
@@ -505,14 +607,23 @@ def cli_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--print-config", action="store_true", help="print the resolved config (with derived values) and exit")
     parser.add_argument("--config-file", help="replay a run from its config.yaml (or run directory); overrides still apply")
     args = parser.parse_intermixed_args(argv)
+    cfg = None
     try:
-        cfg = load_config_file(args.config_file, args.overrides) if args.config_file else compose(args.overrides)
-        resolve(cfg, qdist.world_size_from_env())
+        if args.config_file:
+            cfg = load_config_file(args.config_file, args.overrides)
+            resolve(cfg, qdist.world_size_from_env())
+            cfg = where_config_lives(cfg, args.config_file, args.overrides)
+        else:
+            cfg = compose(args.overrides)
+            resolve(cfg, qdist.world_size_from_env())
         if args.print_config:
             print(to_yaml(cfg), end="")
             print(f"# run_id: {run_id(cfg)}\n# run_dir: {run_dir(cfg)}")
             print(qpar.describe(cfg, qdist.world_size_from_env()))
             return 0
+        if qdist.world_size_from_env() == 1:
+            # refuse a run that another process trains now before building data and model (seconds to minutes)
+            runlock.check_free(run_dir(cfg), what=f"run {run_id(cfg)}")
         trainer = Trainer(cfg)
         _install_stop_signals(trainer)
         result = trainer.run()
@@ -522,6 +633,9 @@ def cli_main(argv: list[str] | None = None) -> int:
     except QuartetError as exc:
         print(f"quartet: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # a full or read-only disk, a folder of another user: one line, not a traceback
+        print(f"quartet: error: {os_error_line(exc, run_dir(cfg) if cfg is not None else None)}", file=sys.stderr)
+        return 1
     if result.get("state") == "completed":
         print(f"val_loss {result['val_loss']:.4f}  run_dir {run_dir(cfg)}")
     else:
