@@ -8,10 +8,11 @@ at its replicated cell; for a size not yet run, the largest size's). The cell wh
 noise is the one whose measurement rules laws out; GPU cost grows as N² · D/N, so it is listed too
 (``gpu_cost`` = N · D relative to the largest measured cell).
 
-    .venv/bin/python benchmarks/ladder_next_cell.py --losses benchmarks/results/ladder/round5/losses_round4.csv
-                                                        # -> benchmarks/results/ladder/next_cell_round4.csv
-    .venv/bin/python benchmarks/ladder_next_cell.py --drop llama_20m:20 --out /tmp/before_round4.csv
-                                                        # what the round-3 data said before round 4 ran that cell
+    git show 5bc7341:benchmarks/results/ladder/round5/losses_round4.csv > /tmp/losses_before_retune.csv
+    .venv/bin/python benchmarks/ladder_next_cell.py --losses /tmp/losses_before_retune.csv
+                                                        # -> benchmarks/results/ladder/next_cell.csv
+    .venv/bin/python benchmarks/ladder_next_cell.py --drop llama_20m:20 --out /tmp/before_20m_dn20.csv
+                                                        # what the data said before the 20.5M D/N 20 cell ran
 
 ``--what-if`` then asks the question that matters for the fit: plant the candidate's bf16 loss at the lowest and
 at the highest admissible prediction (fp8 and quartet at that size's mean measured gaps), refit with a 100-resample
@@ -26,12 +27,12 @@ law is fitted on bf16; the efficiencies keep the measured cells):
 
     .venv/bin/python benchmarks/ladder_next_cell.py --design llama_50m:5,llama_50m:10 --only bf16
 
-Round 5 asked it of the round-4 table (before the 1.0M rung was retrained; after it no E is admissible) —
-``benchmarks/results/ladder/design_what_if_round4.csv``:
+``benchmarks/results/ladder/design_what_if.csv`` asks it of the table before the 1.0M rung's LR was retuned (the
+file above, from git history; on today's table no E is admissible):
 
-    L=benchmarks/results/ladder; .venv/bin/python benchmarks/ladder_next_cell.py --losses $L/round5/losses_round4.csv \
+    .venv/bin/python benchmarks/ladder_next_cell.py --losses /tmp/losses_before_retune.csv \
         --design llama_50m:5,llama_50m:10 --design llama_50m:5,llama_50m:10,llama_100m:5 --only bf16 --out /tmp/a.csv
-    .venv/bin/python benchmarks/ladder_next_cell.py --losses $L/round5/losses_round4.csv --drop llama_1m:10 \
+    .venv/bin/python benchmarks/ladder_next_cell.py --losses /tmp/losses_before_retune.csv --drop llama_1m:10 \
         --drop llama_1m:20 --drop llama_1m:40 --drop llama_1m:80 --drop llama_1m:160 \
         --design llama_50m:5,llama_50m:10 --design llama_50m:5,llama_50m:10,llama_50m:20 --out /tmp/b.csv
 """
@@ -59,8 +60,8 @@ def main(argv=None) -> pd.DataFrame:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--losses", type=Path, default=HERE / "losses.csv")
     p.add_argument("--drop", action="append", default=[], metavar="MODEL:DN",
-                   help="leave a measured cell out (e.g. to replay an earlier round's decision)")
-    p.add_argument("--out", type=Path, default=HERE / "next_cell_round4.csv")
+                   help="leave a measured cell out (e.g. to replay an earlier decision)")
+    p.add_argument("--out", type=Path, default=HERE / "next_cell.csv")
     p.add_argument("--what-if", action="store_true", help="refit with each candidate planted at both ends")
     p.add_argument("--design", action="append", default=[], metavar="MODEL:DN[,MODEL:DN...]",
                    help="plant this set of cells from each of three admissible laws and refit (repeatable)")

@@ -1,13 +1,14 @@
-"""Where the fused layer's quantizer time goes against each call's byte floor (issue #16, round 7), as a bar chart.
+"""Where the fused layer's quantizer time goes against each call's byte floor as a bar chart.
 
-For each quantizer call of one layer step at one shape: round 6's default (uncapped, FP8 input scales per element),
-round 7's default (the per-kind register caps, input scales per row) and the call's floor — the fewest bytes it must
+For each quantizer call of one layer step at one shape: uncapped with FP8 input scales per element, the default (the
+per-kind register caps, input scales per row) and the call's floor — the fewest bytes it must
 move (``layer_variants.call_bytes``) at the large-copy bandwidth. Reads ``layer_variants.py`` JSON files: one with the
 ``caps`` section (uncapped and capped figures) and one with the ``inscale`` section (scales per element / per row).
 
-    python3 benchmarks/plot_quantizer_floor.py --caps benchmarks/results/bench_round7/caps_tuned/caps.json \\
-        --inscale benchmarks/results/bench_round7/inscale/caps.json --copy-gbps 3001 \\
-        --out benchmarks/results/bench_round7/quantizer_floor.png
+    python3 benchmarks/layer_variants.py --sections caps,layer --out caps.json       # on the GPU
+    python3 benchmarks/layer_variants.py --sections inscale,layer --out inscale.json
+    python3 benchmarks/plot_quantizer_floor.py --caps caps.json --inscale inscale.json --copy-gbps 3001 \\
+        --out quantizer_floor.png
 """
 from __future__ import annotations
 

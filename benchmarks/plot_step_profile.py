@@ -5,9 +5,9 @@ configuration, plus, for each quantized configuration, the time its quantizers a
 large-copy bandwidth if every operand were read once and every output written once (:func:`quantizer_floor_bytes`).
 The step's other groups are what quantizing cannot remove; the floor is what separate quantizer passes cannot beat.
 
-    python3 benchmarks/plot_step_profile.py benchmarks/results/bench_round10/profile_h200/profile_800m.json \\
-        benchmarks/results/bench_round10/profile_h200/profile_20m.json --copy-gbps 4246 \\
-        --out benchmarks/results/bench_round10/step_profile.png
+    python3 benchmarks/plot_step_profile.py benchmarks/results/kernels/profile_800m_h200.json \\
+        benchmarks/results/kernels/profile_20m_h200.json --copy-gbps 4246 \\
+        --out benchmarks/results/kernels/step_profile_h200.png
 """
 from __future__ import annotations
 

@@ -157,7 +157,9 @@ class Trainer:
         # by name: FSDP2 replaces the parameter objects (ids) but keeps their names
         decay = {f"{n}.weight" for n, m in self.model.named_modules() if isinstance(m, BlockLinear)}
         from quartet import quant
+        from quartet.plugins import load_kernels
 
+        load_kernels()  # the device is picked: let the fast backends register before apply_precision chooses one
         self.quant = quant
         # a compiled run traces the fused Quartet layers too (random draws fed from the device per micro-batch)
         self.plan = quant.apply_precision(self.model, cfg.precision, seed=int(cfg.run.seed), device=self.device,

@@ -1,4 +1,4 @@
-# Shared set-up of the scripts that run on a bare GPU node (benchmarks/bench_round*.sh, cluster/scripts/ladder_device.sh).
+# Shared set-up of the scripts that run on a bare GPU node (cluster/scripts/ladder_device.sh).
 # Source it from the repository root, then:
 #   device_env NAME   OUT (default .cache/NAME, created), PY (default python3), the checkout on PYTHONPATH, unbuffered
 #                     output, an inductor cache outside the checkout (TORCHINDUCTOR_CACHE_DIR, if not set)

@@ -22,7 +22,7 @@ _RULE = {"quest": "quest", "absmax": "absmax", "ocp": "rtn_absmax"}
 
 
 def _base():
-    from quartet.quant.backend import Backend  # late import: the seam imports this package lazily
+    from quartet.quant.backend import Backend
 
     return Backend
 

@@ -43,7 +43,7 @@ FP8_SCALING = "block"
 #: block rows of the two GEMM operands when block-scaled: left (X, E, Eᵀ) 1×128; right (W, Ŵᵀ, X̂ᵀ) 128×128 or
 #: 1×128. cuBLAS multiplies two 1×128-scaled operands too, and the 1×128 quantizer tile is cheaper (X̂ᵀ 137 vs 204 µs
 #: at 16384×4096, graphed), but its GEMMs are slower (the 16384×4096×4096 layer's three: 1724 vs 1391 µs graphed on an
-#: H100, round 6, benchmarks/results/bench_round6/; the layer 0.966× vs 0.861× of BF16): 128×128 stays. ``QUARTET_RIGHT_BLOCK`` overrides it
+#: H100, round 6, 5bc7341:benchmarks/results/bench_round6/; the layer 0.966× vs 0.861× of BF16): 128×128 stays. ``QUARTET_RIGHT_BLOCK`` overrides it
 #: (benchmarks/layer_variants.py times both in one process by setting this attribute before each variant is built).
 #: Read when a layer runs, and kept with what it saves for the backward.
 LEFT_BLOCK = 1

@@ -346,7 +346,7 @@ if HAS_TRITON:
             # multiplies its scale by NaN (gnan). An absmax group's (a non-finite amax, bad_g) values turn NaN by
             # themselves: its inverse scale is NaN and the rounding keeps NaN; leaving nan_g constant False under
             # the absmax rules keeps the per-group NaN work out of the backward's kernels (with it live, E and Eᵀ RTN
-            # ran 4.5-5.5% slower: benchmarks/results/bench_round8/nan_plainmax_rotated)
+            # ran 4.5-5.5% slower: 5bc7341:benchmarks/results/bench_round8/nan_plainmax_rotated)
             nan_g = e > 127
             e = tl.minimum(e, 127)
             gnan = tl.where(nan_g, float("nan"), 1.0)  # multiplies a group's scale: NaN values without a per-element select
@@ -642,14 +642,14 @@ def _logical(x: torch.Tensor, axis: int):
 GPU_BLOCK = (32, 128, 4)  # best overall on H200 (the FP8-fold recipes slow down with 64x64 tiles)
 #: Tile and register cap of the direct reads (``axis=-1``) that write no FP8 — dequantized values or MX codes, what the
 #: ``triton`` backend runs — when the group axis is a multiple of 256. Round 10 (H100, graphed, interleaved, 16384×4096,
-#: bitwise equal outputs; ``benchmarks/results/bench_round10/deq_sweep*``): the forward QuEST + mask → bf16 recipe
+#: bitwise equal outputs; ``5bc7341:benchmarks/results/bench_round10/deq_sweep*``): the forward QuEST + mask → bf16 recipe
 #: 133.4 → 123.7 µs (83.8% → 90.3% of copy; the tile alone 128.0, the cap alone 130.4), backward SR → bf16 125.5 →
 #: 123.8 µs (within its ±3%). Transposed reads (unmeasured) and the FP8 launches keep :data:`GPU_BLOCK`: the layer's
 #: 1×128 FP8 launches ran 3–18% slower with 16-row tiles under any cap (``l1_sweep``).
 GPU_BLOCK_DIRECT = (16, 256, 4)
 MAXNREG_DIRECT = 80
 #: warps of the one-piece 128x128-row tiles of ``fp8_block=128`` (see :data:`BLOCK128_SPLIT`): 16 on an H100 (round 5,
-#: benchmarks/bench_round5.sh's sweep: 196 us vs 212 us at 8 and 289 us at 4 warps for the forward QuEST recipe on
+#: 5bc7341:benchmarks/bench_round5.sh's sweep: 196 us vs 212 us at 8 and 289 us at 4 warps for the forward QuEST recipe on
 #: 16384x4096, one device call, one process per setting). The tile's registers allow one 8-warp program per SM, so
 #: more warps is the only way to more occupancy. ``QUARTET_QBLOCK128_WARPS`` overrides it (the sweep).
 BLOCK128_WARPS = int(os.environ.get("QUARTET_QBLOCK128_WARPS", "16"))
@@ -658,7 +658,7 @@ BLOCK128_WARPS = int(os.environ.get("QUARTET_QBLOCK128_WARPS", "16"))
 #: after the other in a 4-warp program, each storing its signed E2M1 values and group exponents, then an in-place fold
 #: by the block's exponent (the values are still in L2; ``_fold_block_in_place``). A sliced launch runs uncapped (its
 #: tile is the 1×128 kind's shape: 4–5 programs per SM). Chosen from round 8's interleaved timing of the layer's
-#: 128×128 calls at 16384×4096×4096 (H200, ``benchmarks/results/bench_round8/split_table``): W forward 75.9 → 59.9 µs
+#: 128×128 calls at 16384×4096×4096 (H200, ``5bc7341:benchmarks/results/bench_round8/split_table``): W forward 75.9 → 59.9 µs
 #: in 4 slices; with SR, Ŵᵀ 67.4 → 59.5 and X̂ᵀ 245.4 → 215.6 µs in 8; the RTN transposed reads are faster in one
 #: piece (X̂ᵀ 146.2 vs ≥ 156.3, Ŵᵀ 42.8 vs ≥ 47.8; the direct SR kind, which no layer call makes, follows direct RTN).
 #: ``QUARTET_QBLOCK128_SPLIT=n`` gives every kind ``n`` slices (1: round 7's launches).
@@ -690,7 +690,7 @@ BLOCK128_SPLIT = _split_from_env()
 #: recipes compile to 96–127 registers, 4–5 programs of 4 warps per SM, and the 128×128 ones to 93–127, one 16-warp
 #: program per SM; a cap trades occupancy for instructions and, below ~96, spills (``benchmarks/sass_report.py
 #: --maxnreg``). Chosen per kind from round 7's graphed, interleaved timing of every quantizer call of the layer under
-#: caps none/96/80/64 (H100, 16384×4096×4096, ``benchmarks/results/bench_round7/caps``): 96 made the direct 1×128
+#: caps none/96/80/64 (H100, 16384×4096×4096, ``5bc7341:benchmarks/results/bench_round7/caps``): 96 made the direct 1×128
 #: reads 2.5–2.9% faster (X fwd 138.3 → 134.8 µs, E RTN 103.2 → 100.4, E SR 146.8 → 142.5) and the transposed one 4%
 #: slower; 64 made the transposed 128×128 read of X̂ᵀ 15% faster (204.6 → 173.4 µs; Ŵᵀ within ±1%) and W's direct
 #: read 25% slower. ``QUARTET_MAXNREG`` overrides the table for a process: ``none`` (nothing capped) or ``a[,b]``
@@ -698,7 +698,7 @@ BLOCK128_SPLIT = _split_from_env()
 #: ``mx_quantize(maxnreg=...)`` overrides it per call. A key ``"<kind> SR"`` gives stochastic rounding's launches of that
 #: kind their own cap (else they take the kind's): round 9's SR rounding made the transposed 1×128 SR read compile to
 #: 135 registers (3 programs per SM instead of 4) and run 8% slower (Eᵀ SR 156.5 → 169.7 µs, H200,
-#: ``benchmarks/results/bench_round9/sr_ab``); capped at 128 it keeps 4 programs per SM without spills.
+#: ``5bc7341:benchmarks/results/bench_round9/sr_ab``); capped at 128 it keeps 4 programs per SM without spills.
 MAXNREG_MEASURED: dict[str, int | None] = {"1x128": 96, "1x128 T": None, "1x128 T SR": 128, "128x128": None,
                                            "128x128 T": 64}
 

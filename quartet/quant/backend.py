@@ -12,15 +12,17 @@ it asks its :class:`Backend` for three things:
   (the inverse rotation of gradients; GEMMs a scheme leaves unquantized).
 
 :class:`ReferenceBackend` is the pure-PyTorch oracle and runs everything on any device.
-``quartet/kernels`` registers faster ones (``triton``, ``hopper_fp8``, ``blackwell_mxfp4``, and ``compiled``:
-the oracle's quantizers fused by ``torch.compile``, for schemes no hand-written kernel covers) with
-:func:`register_backend`; :func:`get_backend` resolves ``auto`` to the highest-priority registered
+Faster backends (``triton``, ``hopper_fp8``, ``blackwell_mxfp4``, and ``compiled``: the oracle's quantizers fused
+by ``torch.compile``, for schemes no hand-written kernel covers) live in the kernel package, above this
+one: importing it registers them here with :func:`register_backend`. This package never imports or loads
+it; the code that picks a device (the trainer, the benchmarks) loads it first
+(:func:`quartet.plugins.load_kernels`), and a plugin that failed to load says why through
+:func:`note_plugin_failure`. :func:`get_backend` resolves ``auto`` to the highest-priority registered
 backend that supports the device and every quantizer of the scheme. A backend that was asked for
 by name and cannot run raises :class:`quartet.errors.ConfigError`: there is no silent fallback.
 """
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Iterable
 
 import torch
@@ -35,6 +37,7 @@ __all__ = [
     "register_backend",
     "get_backend",
     "available_backends",
+    "note_plugin_failure",
     "BACKEND_NAMES",
 ]
 
@@ -121,8 +124,8 @@ class ReferenceBackend(Backend):
 
 # name -> (factory(device) -> Backend, priority)
 _REGISTRY: dict[str, tuple[Callable[[torch.device], Backend], int]] = {}
-_KERNELS_IMPORT_ERROR: str | None = None
-_KERNELS_TRIED = False
+# plugin (package name) -> why it could not register its backends
+_PLUGIN_ERRORS: dict[str, str] = {}
 
 
 def register_backend(name: str, factory: Callable[[torch.device], Backend], priority: int = 0) -> None:
@@ -133,21 +136,14 @@ def register_backend(name: str, factory: Callable[[torch.device], Backend], prio
 register_backend("reference", lambda device: ReferenceBackend(), priority=-1000)
 
 
-def _load_kernels() -> None:
-    """Import ``quartet.kernels`` once so it can register its backends (it may be absent)."""
-    global _KERNELS_TRIED, _KERNELS_IMPORT_ERROR
-    if _KERNELS_TRIED:
-        return
-    _KERNELS_TRIED = True
-    try:
-        importlib.import_module("quartet.kernels")
-    except ImportError as exc:  # no kernels package / no triton on this machine
-        _KERNELS_IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
+def note_plugin_failure(plugin: str, reason: str) -> None:
+    """Record that ``plugin`` (a package that registers backends) could not load, and why: a backend asked for by
+    name that is then missing names the reason in its error."""
+    _PLUGIN_ERRORS[plugin] = reason
 
 
 def available_backends() -> list[str]:
     """Registered backend names, highest priority first."""
-    _load_kernels()
     return sorted(_REGISTRY, key=lambda n: -_REGISTRY[n][1])
 
 
@@ -170,7 +166,6 @@ def get_backend(name: str = "auto", device: torch.device | str = "cpu", specs: I
     """
     device = torch.device(device)
     specs = list(specs)
-    _load_kernels()
     if name == "auto":
         for cand in available_backends():
             try:
@@ -181,7 +176,7 @@ def get_backend(name: str = "auto", device: torch.device | str = "cpu", specs: I
                 return backend
         raise ConfigError("precision.backend=auto: no registered backend can run this scheme")  # pragma: no cover
     if name not in _REGISTRY:
-        extra = f" (quartet.kernels failed to import: {_KERNELS_IMPORT_ERROR})" if _KERNELS_IMPORT_ERROR else ""
+        extra = "".join(f" ({plugin} failed to import: {why})" for plugin, why in _PLUGIN_ERRORS.items())
         raise ConfigError(f"precision.backend={name!r} is not available here; registered: "
                           f"{', '.join(available_backends())}{extra}")
     try:

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from quartet.demo import cli_main
+from quartet.cli_demo import cli_main
 
 GRID = """\
 name: tdemo

@@ -350,7 +350,7 @@ def test_layer_call_bytes_match_round_6_floor_table():
 def test_step_profile_floor_covers_every_block_linear_and_plots(tmp_path, capsys):
     """``benchmarks/plot_step_profile.py``: the byte floor counts exactly the model's block linears (the layers the
     fused Quartet layer replaces), scales with depth and tokens, gives the 800M floor docs/kernels.md quotes (17.4 ms a
-    step at the H200's 4246 GB/s copy), and the chart is drawn from the committed round-10 profiles."""
+    step at the H200's 4246 GB/s copy), and the chart is drawn from the committed H200 profiles."""
     from quartet.model import BlockLinear, Llama
 
     ps = _benchmark("plot_step_profile")
@@ -362,9 +362,9 @@ def test_step_profile_floor_covers_every_block_linear_and_plots(tmp_path, capsys
     assert ps.quantizer_floor_bytes(spec, 512) == pytest.approx(2 * one)
     assert ps.quantizer_floor_bytes(spec, 1024) > ps.quantizer_floor_bytes(spec, 512)
     assert ps.quantizer_floor_bytes(B.model_spec("800m"), 16384) / 4246e9 * 1e3 == pytest.approx(17.4, abs=0.05)
-    prof = B.REPO / "benchmarks" / "results" / "bench_round10" / "profile_h200"
+    prof = B.REPO / "benchmarks" / "results" / "kernels"
     png = tmp_path / "profile.png"
-    assert ps.main([str(prof / "profile_800m.json"), str(prof / "profile_20m.json"), "--copy-gbps", "4246",
+    assert ps.main([str(prof / "profile_800m_h200.json"), str(prof / "profile_20m_h200.json"), "--copy-gbps", "4246",
                     "--out", str(png)]) == 0
     assert png.stat().st_size > 10_000
     printed = capsys.readouterr().out
