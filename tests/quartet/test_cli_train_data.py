@@ -224,3 +224,19 @@ def test_ctrl_c_checkpoints_and_exits_130(tmp_path, tiny_overrides):
                          env=env, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "run.sed: unknown key" in bad.stderr
     assert not any(line.rstrip().endswith("| torch") for line in bad.stderr.splitlines())
+
+
+def test_train_writes_nothing_into_the_home_folder(tmp_path, tiny_overrides):
+    """wandb's debug logs (~/.cache/wandb/logs) and config go to the project cache: `quartet train` with wandb on
+    (offline) leaves a fresh HOME empty."""
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "MPLCONFIGDIR"))}
+    env.update(HOME=str(home), QUARTET_CACHE=str(tmp_path / "cache"), OMP_NUM_THREADS="1")
+    over = [o for o in tiny_overrides if not o.startswith("logging")] + [
+        "logging.wandb.mode=offline", "logging.progress=false", f"run.out_dir={tmp_path / 'runs'}"]
+    proc = subprocess.run([sys.executable, "-m", "quartet.cli", "train", *over], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert list(home.rglob("*")) == []
+    assert (run_dir(compose(over)) / "wandb").is_dir()
