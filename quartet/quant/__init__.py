@@ -25,17 +25,28 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
+    from quartet.quant.backend import BACKEND_NAMES, get_backend
     from quartet.quant.linear import QuantLinear
     from quartet.quant.schemes import SCHEMES, Scheme, build_scheme, scheme_names
 
-#: names re-exported from the torch modules, imported on first access (PEP 562)
-_LAZY = {"QuantLinear": "quartet.quant.linear", "SCHEMES": "quartet.quant.schemes", "Scheme": "quartet.quant.schemes",
+#: names of this package's namespace that live in its torch modules, imported on first use (PEP 562 / :func:`_load`)
+_LAZY = {"BACKEND_NAMES": "quartet.quant.backend", "get_backend": "quartet.quant.backend",
+         "QuantLinear": "quartet.quant.linear", "SCHEMES": "quartet.quant.schemes", "Scheme": "quartet.quant.schemes",
          "build_scheme": "quartet.quant.schemes", "scheme_names": "quartet.quant.schemes"}
+
+
+def _load() -> None:
+    """Put the torch modules' names into this namespace, once; a name already there (e.g. patched) is kept."""
+    g = globals()
+    for name, module in _LAZY.items():
+        if name not in g:
+            g[name] = getattr(importlib.import_module(module), name)
 
 
 def __getattr__(name: str):
     if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        _load()
+        return globals()[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -135,10 +146,7 @@ def apply_precision(model: nn.Module, precision_cfg, *, seed: int | None = None,
     import torch
     from torch import nn
 
-    from quartet.quant.backend import BACKEND_NAMES, get_backend
-    from quartet.quant.linear import QuantLinear
-    from quartet.quant.schemes import build_scheme
-
+    _load()
     scheme: Scheme = build_scheme(precision_cfg)
     backend_name = str(getattr(precision_cfg, "backend", "auto"))
     if backend_name not in BACKEND_NAMES:
@@ -209,8 +217,7 @@ def _list_length(model: nn.Module, prefix: str) -> int | None:
 
 
 def _quant_layers(model: nn.Module):
-    from quartet.quant.linear import QuantLinear
-
+    _load()
     return [m for m in model.modules() if isinstance(m, QuantLinear)]
 
 
