@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import math
 import sys
 from pathlib import Path
 
 from analysis.errors import AnalysisError
 from analysis.laws import LAWS
+from analysis.load import BASE_LABEL
 
 SOURCE_HELP = ("runs directory, .csv/.parquet table (columns n_params, tokens, forward, backward, loss), "
                "wandb:ENTITY/PROJECT, a folder of wandb offline runs, or --paper for the bundled paper grid")
@@ -39,16 +42,36 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("-v", "--verbose", action="store_true", help="log dropped runs and fit details")
 
 
+def _check_common(args) -> None:
+    """The options every fit takes, checked before any data is read (one line each)."""
+    if args.paper == bool(args.source):
+        raise AnalysisError("give exactly one SOURCE or --paper")
+    if args.bootstrap < 0:
+        raise AnalysisError(f"--bootstrap must be >= 0 resamples (got {args.bootstrap})")
+    if args.delta is not None and not args.delta > 0:
+        raise AnalysisError(f"--delta must be positive (got {args.delta})")
+    for flag, value in (("--at-n", args.at_n), ("--at-ratio", args.at_ratio)):
+        if value is not None and not value > 0:
+            raise AnalysisError(f"{flag} must be positive (got {value:g})")
+
+
+def check_writable(path: Path, flag: str, folder: bool = False) -> None:
+    """AnalysisError (one line) unless ``path`` (a file, or a folder with ``folder``) can be written: checked before
+    the work, so a read-only location does not cost a whole fit and end in a traceback."""
+    from quartet.paths import not_writable
+
+    why = not_writable(path, folder=folder)
+    if why:
+        raise AnalysisError(f"{flag} {path}: {why}; choose another location")
+
+
 def _load_and_fit(args):
     from analysis.load import load
     from analysis.report import fit_all
 
-    if args.paper == bool(args.source):
-        raise AnalysisError("give exactly one SOURCE or --paper")
+    _check_common(args)
     df = load("paper" if args.paper else args.source)
     sel = None if args.selections == "none" else args.selections
-    if args.delta is not None and not args.delta > 0:
-        raise AnalysisError(f"--delta must be positive (got {args.delta})")
     extra = {"delta": args.delta} if args.delta is not None else {}
     report = fit_all(df, args.law, bootstrap=args.bootstrap, seed=args.seed, selections=sel, at_n=args.at_n,
                      at_ratio=args.at_ratio, progress=args.bootstrap > 0, replicates=args.replicates,
@@ -140,12 +163,18 @@ def fit_main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.ERROR, format="%(levelname)s %(message)s")
     try:
+        _check_common(args)
+        budgets, speedups = _optimal_args(args)
+        for flag, path in (("--json", args.json), ("--profile-csv", args.profile_csv)):
+            if path is not None:
+                check_writable(path, flag)
         df, report = _load_and_fit(args)
+        _check_speedup_names(speedups, report)
         print_report(report)
         if args.profile_e:
             _print_profile(df, args)
         if args.optimal:
-            _print_optimal(report, args)
+            _print_optimal(report, budgets, speedups)
         if args.isoflop:
             _print_isoflop(df, report)
     except AnalysisError as exc:
@@ -157,18 +186,46 @@ def fit_main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _print_optimal(report, args) -> None:
+def _optimal_args(args) -> tuple[list[float], dict[str, float]]:
+    """--optimal's budgets and --speedup's PRECISION=S pairs, checked before the fit (one line each)."""
+    budgets: list[float] = []
+    if args.optimal:
+        try:
+            budgets = [float(c) for c in args.optimal.split(",")]
+        except ValueError:
+            raise AnalysisError(f"--optimal takes FLOPs separated by commas, like 1e19,1e20 (got {args.optimal!r})") from None
+        if not all(math.isfinite(c) and c > 0 for c in budgets):
+            raise AnalysisError(f"--optimal budgets must be positive (got {args.optimal!r})")
+    speedups: dict[str, float] = {}
+    for item in args.speedup:
+        key, sep, value = item.partition("=")
+        try:
+            speed = float(value) if sep and key.strip() else float("nan")
+        except ValueError:
+            speed = float("nan")
+        if not (math.isfinite(speed) and speed > 0):
+            raise AnalysisError(f"--speedup takes PRECISION=S with S > 0, e.g. --speedup quartet=1.8 (got {item!r})")
+        speedups[key.strip().lower()] = speed
+    if speedups and not budgets:
+        raise AnalysisError("--speedup applies to --optimal's compute-optimal table; give --optimal C[,C...] too")
+    return budgets, speedups
+
+
+def _check_speedup_names(speedups: dict, report) -> None:
+    """A --speedup naming no fitted precision (a typo, or a label of another table) is an error, not ignored."""
+    labels = [BASE_LABEL] + [e.scheme for e in report.efficiencies]
+    unknown = [k for k in speedups if k not in {label.lower() for label in labels}]
+    if unknown:
+        raise AnalysisError(f"--speedup {unknown[0]}: no precision of that name in the fit; its precisions are "
+                            f"{', '.join(labels)}")
+
+
+def _print_optimal(report, budgets: list[float], speedups: dict[str, float]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    try:
-        budgets = [float(c) for c in args.optimal.split(",")]
-        speedups = {k.strip().lower(): float(v) for k, _, v in (s.partition("=") for s in args.speedup)}
-    except ValueError:
-        raise AnalysisError(f"--optimal takes FLOPs like 1e19,1e20 and --speedup PRECISION=S (got "
-                            f"{args.optimal!r}, {args.speedup!r})") from None
-    if any(c <= 0 for c in budgets) or any(v <= 0 for v in speedups.values()):
-        raise AnalysisError("--optimal budgets and --speedup values must be positive")
+    speedups = {label: speedups[label.lower()] for label in
+                [BASE_LABEL] + [e.scheme for e in report.efficiencies] if label.lower() in speedups}
     rows = report.compute_optimal(budgets, speedups)
     console = Console() if sys.stdout.isatty() else Console(width=150)
     t = Table(title="Compute-optimal allocation (C = 6ND; a speedup s buys C·s)", title_justify="left")
@@ -263,6 +320,8 @@ def figures_main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.ERROR, format="%(levelname)s %(message)s")
     try:
+        _check_common(args)
+        check_writable(args.out, "--out", folder=True)
         df, report = _load_and_fit(args)
     except AnalysisError as exc:
         print(f"quartet figures: {exc}", file=sys.stderr)
@@ -275,3 +334,92 @@ def figures_main(argv: list[str] | None = None) -> int:
         print(f"• {h['text']}")
     print(f"wrote {len(paths)} figure files and fit.json to {args.out}/")
     return 0
+
+
+def _floats(text: str, flag: str) -> list[float]:
+    """``1e7,2e7`` -> [1e7, 2e7]; a bad number is one line naming the flag."""
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise AnalysisError(f"{flag} takes numbers separated by commas, e.g. 5,10 (got {text!r})") from None
+
+
+def predict_main(argv: list[str] | None = None) -> int:
+    """``quartet predict SOURCE (--model NAME | --n N) (--dn R | --tokens D) [--precision P] [--json [OUT]]``."""
+    from analysis.predict import LawFit, forecast, is_fit_json, points
+
+    p = argparse.ArgumentParser(
+        prog="quartet predict",
+        description="The loss the fitted law forecasts at (N, D) for each precision, with a 95%% interval from the "
+                    "bootstrap's refits. SOURCE: a fit JSON (quartet fit --bootstrap N --json OUT) or anything "
+                    "quartet fit reads (fitted here; --bootstrap N for intervals).",
+        epilog="examples: quartet predict benchmarks/results/ladder/fit.json --model llama_50m --dn 5; "
+               "quartet predict runs/my_sweep --bootstrap 100 --n 5e7 --tokens 2.5e8 --precision bf16,quartet")
+    _common(p)
+    p.add_argument("--model", action="append", default=[], metavar="NAME",
+                   help="a model of conf/model (its exact non-embedding N); repeatable or comma-separated")
+    p.add_argument("--n", default="", metavar="N[,N...]", help="non-embedding parameter counts, e.g. 5e7")
+    p.add_argument("--dn", default="", metavar="R[,R...]",
+                   help="tokens per parameter; with --model, the tokens a run of that budget trains (whole steps)")
+    p.add_argument("--tokens", default="", metavar="D[,D...]", help="training tokens, e.g. 2.5e8")
+    p.add_argument("--precision", action="append", default=[], metavar="P",
+                   help="precisions to forecast (default: the base and every fitted one); repeatable or comma-separated")
+    p.add_argument("--json", nargs="?", const="-", default=None, metavar="OUT",
+                   help="write the rows as JSON to OUT (or stdout without OUT) instead of the table")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.ERROR, format="%(levelname)s %(message)s")
+    try:
+        _check_common(args)
+        models = [m for item in args.model for m in item.split(",") if m]
+        pts = points(models=models, ns=_floats(args.n, "--n"), dns=_floats(args.dn, "--dn"),
+                     tokens=_floats(args.tokens, "--tokens"))
+        precisions = [x for item in args.precision for x in item.split(",") if x] or None
+        if args.json not in (None, "-"):
+            check_writable(Path(args.json), "--json")
+        if args.source and not args.paper and is_fit_json(args.source):
+            if args.bootstrap:
+                raise AnalysisError(f"{args.source} is a fit JSON: its own bootstrap refits give the intervals "
+                                    f"(--bootstrap applies when SOURCE is fitted here)")
+            fit = LawFit.from_json(args.source)
+        else:
+            _, report = _load_and_fit(args)
+            fit = LawFit.from_report(report, source="paper" if args.paper else args.source)
+        rows = forecast(fit, pts, precisions)
+    except AnalysisError as exc:
+        print(f"quartet predict: {exc}", file=sys.stderr)
+        return 2
+    if args.json is not None:
+        text = json.dumps({"source": fit.source, "bootstrap_draws": len(fit.draws), "rows": rows}, indent=2)
+        if args.json == "-":
+            print(text)
+        else:
+            Path(args.json).write_text(text + "\n")
+            print(f"wrote {args.json}")
+        return 0
+    print_forecast(fit, rows)
+    return 0
+
+
+def print_forecast(fit, rows: list[dict], console=None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or (Console() if sys.stdout.isatty() else Console(width=150))
+    t = Table(title=f"Forecast from {fit.source or 'the fit'} ({len(fit.draws)} bootstrap refits)", title_justify="left")
+    for col in ("model", "N", "D", "D/N", "precision", "loss", "95% interval", "fit status"):
+        t.add_column(col, justify="left" if col in ("model", "precision", "fit status") else "right")
+    for r in rows:
+        iv = r["interval"]
+        t.add_row(r["model"] or "-", f"{r['n_params']:.4g}", f"{r['tokens']:.4g}", f"{r['ratio']:.3g}", r["precision"],
+                  f"{r['loss']:.4f}", f"[{iv[0]:.4f}, {iv[1]:.4f}]" if iv else "-", r["status"])
+    console.print(t)
+    if any(r["interval"] is None for r in rows):
+        console.print("no interval where the fit has fewer than 10 bootstrap refits: fit with --bootstrap N "
+                      "(quartet fit SOURCE --bootstrap 200 --json fit.json keeps them)")
+    for note in sorted({r["extrapolation"] for r in rows if r["extrapolation"]}):
+        console.print(f"[yellow]extrapolation: {note} (base runs: N {fit.base_range.get('n_min', 0):.3g}-"
+                      f"{fit.base_range.get('n_max', 0):.3g}, D/N {fit.base_range.get('ratio_min', 0):.3g}-"
+                      f"{fit.base_range.get('ratio_max', 0):.3g})[/yellow]")
+    flagged = {r["precision"]: r for r in rows if r["status"] != "converged" and not r["message"].startswith("inherited")}
+    for prec, r in flagged.items():
+        console.print(f"[yellow]{prec}: fit {r['status']}: {r['message']}[/yellow]")

@@ -37,6 +37,9 @@ def loss_table(df: pd.DataFrame) -> pd.DataFrame:
     missing = [c for c in LOSS_COLUMNS if c not in df.columns]
     if missing:
         raise AnalysisError(f"ladder: the runs lack column(s) {', '.join(missing)}")
+    if df["seed"].isna().any():
+        raise AnalysisError(f"ladder: {int(df['seed'].isna().sum())} of {len(df)} runs have no seed; the ladder compares "
+                            f"seed replicates, so a loss table needs a seed column (runs directories record it)")
     out = df.copy()
     out["tokens_per_param"] = (out["tokens"] / out["n_params"]).round(2)
     cols = list(LOSS_COLUMNS) + [c for c in ("run_id", "steps", "tokens_per_param") if c in out.columns]
@@ -145,7 +148,10 @@ def markdown_table(frame: pd.DataFrame, floats: str = "{:.4f}") -> str:
         if isinstance(v, (float, np.floating)):
             if not np.isfinite(v):
                 return "-"
-            return f"{int(v):,}" if float(v).is_integer() else floats.format(v)
+            if float(v).is_integer():
+                return f"{int(v):,}"
+            # a small figure (a fit's cost, 1e-5) keeps its digits instead of printing as 0.0000
+            return f"{v:.3e}" if 0 < abs(v) < 1e-3 else floats.format(v)
         return f"{v:,}" if isinstance(v, (int, np.integer)) and abs(v) >= 1000 else str(v)
 
     head = "| " + " | ".join(frame.columns) + " |"
@@ -237,6 +243,9 @@ def cli_main(argv: list[str] | None = None) -> int:
     p.add_argument("--base", default="bf16", help="baseline precision (default bf16)")
     args = p.parse_args(argv)
     try:
+        from analysis.cli import check_writable
+
+        check_writable(args.out, "--out", folder=True)
         df = load(args.source)
         paths = write_report(df, args.out, args.base)
     except AnalysisError as exc:

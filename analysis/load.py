@@ -117,6 +117,8 @@ def _check_row(run_id: str, n, d, loss) -> str | None:
         return "n_params, tokens or loss is missing or not a number"
     if not math.isfinite(loss):
         return f"loss is {loss} (NaN/diverged)"
+    if loss <= 0:
+        return f"loss is {loss:g} (not positive: a cross-entropy loss cannot be; the summary is corrupt)"
     if not (math.isfinite(n) and n > 0 and math.isfinite(d) and d > 0):
         return f"n_params={n} / tokens={d} must be positive"
     return None
@@ -147,7 +149,10 @@ def _read_table(path: Path) -> pd.DataFrame:
     try:
         if path.suffix.lower() in (".parquet", ".pq"):
             return pd.read_parquet(path)
-        return pd.read_csv(path, sep="\t" if path.suffix.lower() == ".tsv" else ",")
+        sep = "\t" if path.suffix.lower() == ".tsv" else ","
+        raw = pd.read_csv(path, sep=sep)
+        raw.attrs["ragged"] = _ragged_rows(path, sep, len(raw.columns))
+        return raw
     except pd.errors.EmptyDataError:
         raise AnalysisError(f"table {path}: the file is empty") from None
     except pd.errors.ParserError as exc:
@@ -158,6 +163,15 @@ def _read_table(path: Path) -> pd.DataFrame:
         raise AnalysisError(f"table {path}: cannot be read ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})") from None
 
 
+def _ragged_rows(path: Path, sep: str, n_columns: int) -> dict[int, int]:
+    """Data rows (0-based, as pandas numbers them) with fewer fields than the header: {row: fields}."""
+    import csv
+
+    with open(path, newline="", encoding="utf-8") as fh:
+        lines = [r for r in csv.reader(fh, delimiter=sep) if r]  # pandas skips blank lines too
+    return {i: len(r) for i, r in enumerate(lines[1:]) if len(r) < n_columns}
+
+
 def frame_from_table(raw: pd.DataFrame, provenance: dict | None = None, name: str = "table") -> pd.DataFrame:
     """Validate an in-memory table (same rules as :func:`load_table`) and return the tidy frame."""
     missing = [c for c in TABLE_REQUIRED if c not in raw.columns]
@@ -165,8 +179,13 @@ def frame_from_table(raw: pd.DataFrame, provenance: dict | None = None, name: st
         raise AnalysisError(f"{name}: missing column(s) {', '.join(missing)}; a table needs "
                             f"{', '.join(TABLE_REQUIRED)} (extra columns are allowed)")
     rows, dropped = [], []
+    ragged = raw.attrs.get("ragged", {})
     for i, rec in enumerate(raw.to_dict("records")):
         rid = str(rec.get("run_id") if isinstance(rec.get("run_id"), str) else f"row{i}")
+        if i in ragged:  # a truncated line: its missing fields read as NaN, which is no diverged run
+            dropped.append({"run_id": rid, "reason": f"ragged row: {ragged[i]} of {len(raw.columns)} fields "
+                                                      f"(a truncated line of the table)"})
+            continue
         for col in ("n_params", "tokens", "loss"):
             try:
                 val = float(rec[col])
@@ -387,12 +406,20 @@ def load_wandb(path: str, api: Any = None, filters: dict | None = None) -> pd.Da
     path = path.removeprefix("wandb:")
     if path.count("/") != 1:
         raise AnalysisError(f"wandb source must be entity/project (got {path!r})")
-    if api is None:
-        import wandb
+    try:
+        if api is None:
+            import wandb
 
-        api = wandb.Api(timeout=60)
+            api = wandb.Api(timeout=60)
+        runs = list(api.runs(path, filters=filters or {}))
+    except AnalysisError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - no login, no network, no such project: one line, not wandb's traceback
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        raise AnalysisError(f"wandb:{path}: cannot read the project ({type(exc).__name__}: {first}); log in with "
+                            f"`wandb login` (or set WANDB_API_KEY), or fit a runs folder / loss table instead") from None
     rows, dropped = [], []
-    for run in api.runs(path, filters=filters or {}):
+    for run in runs:
         summary = dict(run.summary) if not isinstance(run.summary, dict) else run.summary
         row, reason = _wandb_row(run.id, run.state, dict(summary), dict(run.config), getattr(run, "group", None))
         if reason:
@@ -512,6 +539,14 @@ def load(source: str | Path) -> pd.DataFrame:
             return load_wandb_offline(p)
         return load_runs_dir(p)
     if not p.exists():
-        raise AnalysisError(f"{s} does not exist (give a runs directory, a .csv/.parquet table, --paper or "
+        from quartet.paths import runs_root
+
+        hint = ""
+        if not p.is_absolute():  # the rule for where runs go: QUARTET_RUNS, else <checkout>/runs
+            root = runs_root()
+            under = root / (p.relative_to("runs") if p.parts[:1] == ("runs",) else p)
+            hint = (f"; runs are under {root} (QUARTET_RUNS, else <checkout>/runs): quartet fit {under}"
+                    if under.exists() else f" (relative to the working directory {Path.cwd()})")
+        raise AnalysisError(f"{s} does not exist{hint} (give a runs directory, a .csv/.parquet table, --paper or "
                             f"wandb:ENTITY/PROJECT)")
     raise AnalysisError(f"source {s!r} is neither a runs directory, a .csv/.parquet table, 'paper' nor wandb:ENTITY/PROJECT")

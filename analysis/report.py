@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import logging
+import re
 import subprocess
 import time
 from dataclasses import dataclass
@@ -94,7 +95,8 @@ class FitReport:
     provenance: dict
     seconds: float = 0.0
     #: the bootstrap's refits, one (base params, {scheme: (effN, effD)}) per usable resample: intervals of any
-    #: derived quantity (e.g. :meth:`compute_optimal`) come from them; not serialised
+    #: derived quantity (e.g. :meth:`compute_optimal`, ``quartet predict``) come from them; serialised compactly as
+    #: ``bootstrap.draws`` (:func:`draws_to_dict`)
     samples: tuple = ()
 
     def eff(self, scheme: str) -> EffFit:
@@ -146,17 +148,52 @@ class FitReport:
             effs.append(d)
         base = self.base.to_dict()
         base["intervals"] = {k: iv(v) for k, v in self.base_intervals.items()}
-        return {"schema_version": SCHEMA_VERSION, "base": base, "efficiencies": effs, "bootstrap": dict(self.bootstrap),
+        boot = dict(self.bootstrap)
+        if self.samples:
+            boot["draws"] = draws_to_dict(self.samples)
+        return {"schema_version": SCHEMA_VERSION, "base": base, "efficiencies": effs, "bootstrap": boot,
                 "forecasts": [f.to_dict() for f in self.forecasts], "headlines": list(self.headlines),
                 "dropped": list(self.dropped), "provenance": dict(self.provenance), "seconds": self.seconds}
 
     def to_json(self, path: str | Path | None = None) -> str:
-        """Serialise (inf/NaN written as null) and optionally write to ``path``."""
-        text = json.dumps(_clean(self.to_dict()), indent=2)
+        """Serialise (inf/NaN written as null) and optionally write to ``path``. Lists of numbers stay on one line
+        (the bootstrap draws: one line per refit)."""
+        text = _NUMBER_LIST.sub(lambda m: "[" + ", ".join(m.group(0)[1:-1].split()).replace(",,", ",") + "]",
+                                json.dumps(_clean(self.to_dict()), indent=2))
         if path is not None:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             Path(path).write_text(text + "\n")
         return text
+
+
+#: a JSON list of numbers / nulls spread over lines by ``indent``
+_NUMBER_LIST = re.compile(r"\[(?:\s*(?:-?[0-9][0-9.eE+-]*|null)\s*,)*\s*(?:-?[0-9][0-9.eE+-]*|null)\s*\]")
+
+#: significant digits of the stored bootstrap draws (what ``quartet predict`` reads back from a fit JSON)
+DRAW_DIGITS = 7
+
+
+def draws_to_dict(samples) -> dict:
+    """The bootstrap refits, compactly: ``params`` one row (A, alpha, B, beta, E, gamma) per resample, ``eff`` per
+    precision one (effN, effD) row per resample (null where that resample's refit of the precision failed)."""
+    def r(x):
+        return float(f"{float(x):.{DRAW_DIGITS}g}")
+
+    labels = sorted({label for _, effs in samples for label in effs})
+    return {"columns": list(PARAM_NAMES),
+            "params": [[r(params[p]) for p in PARAM_NAMES] for params, _ in samples],
+            "eff": {label: [[r(v) for v in effs[label]] if label in effs else None for _, effs in samples]
+                    for label in labels}}
+
+
+def draws_from_dict(d: dict) -> tuple:
+    """Inverse of :func:`draws_to_dict`: the ``FitReport.samples`` tuple."""
+    cols = d.get("columns", list(PARAM_NAMES))
+    out = []
+    for i, row in enumerate(d.get("params", [])):
+        effs = {label: tuple(rows[i]) for label, rows in d.get("eff", {}).items() if rows[i] is not None}
+        out.append((dict(zip(cols, row)), effs))
+    return tuple(out)
 
 
 def _clean(x):

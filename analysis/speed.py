@@ -190,8 +190,10 @@ def headline(scheme: str, params: dict, eff_n: float, eff_d: float, n: float, ra
     never reads as a finding; ``note`` (e.g. an interval that includes 1) is appended in the same sentence."""
     z = float(breakeven_speedup(params, eff_n, eff_d, n, n * ratio))
     lost_n, lost_d = 100.0 * (1.0 - eff_n), 100.0 * (1.0 - eff_d)
-    cost_n = f"costs {lost_n:.1f}% effective parameters" if lost_n >= 0 else f"gains {-lost_n:.1f}% effective parameters"
-    cost_d = f"{lost_d:.1f}% effective data" if lost_d >= 0 else f"gains {-lost_d:.1f}% effective data"
+    verb_n, verb_d = ("costs" if lost_n >= 0 else "gains"), ("costs" if lost_d >= 0 else "gains")
+    cost_n = f"{verb_n} {abs(lost_n):.1f}% effective parameters"
+    # the data clause repeats its verb unless it is the parameters' one ("costs 3% ... and 1% effective data")
+    cost_d = f"{'' if verb_d == verb_n else verb_d + ' '}{abs(lost_d):.1f}% effective data"
     verdict = (f"so it pays off when its speedup exceeds {z:.2f}x" if np.isfinite(z)
                else "so no speedup makes it pay off")
     text = f"{scheme} {cost_n} and {cost_d}, {verdict} (at N = {n:.3g}, D/N = {ratio:g})"

@@ -355,7 +355,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("name", help="sweep name (sweeps/<name>.yaml) or a path to a sweep YAML")
     p.add_argument("--cluster", help="cluster profile (conf/cluster/<name>.yaml or a path); default: the sweep's")
     p.add_argument("--dry-run", action="store_true", help="print the plan, write and submit nothing")
-    p.add_argument("--runs-dir", help="runs root (default: $QUARTET_RUNS or ./runs)")
+    p.add_argument("--runs-dir", help="runs root (default: $QUARTET_RUNS, else <checkout>/runs; a relative path is from the working directory)")
     p.add_argument("--max-rows", type=int, default=None, help="print at most this many runs in the plan table")
     p.add_argument("overrides", nargs="*", help="key=value overrides")
     return p
@@ -402,6 +402,13 @@ def cli_main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         console.print("dry run: nothing written, nothing submitted")
         return 0
+    from quartet.paths import not_writable
+
+    why = not_writable(plan.runs_root)
+    if why:
+        print(f"quartet sweep: error: runs folder {plan.runs_root}: {why}; nothing was submitted (choose another with "
+              f"--runs-dir or QUARTET_RUNS)", file=sys.stderr)
+        return 2
     todo = plan.pending()
     if todo and plan.profile.kind == "slurm":
         from cluster import slurm

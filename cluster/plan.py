@@ -144,23 +144,20 @@ def build_plan(spec: SweepSpec, profile: ClusterProfile, runs_root: Path, extra:
     plan = Plan(spec=spec, profile=profile, runs_root=runs_root)
     errors: list[str] = []
     points = expand(spec)
-    iterator: Any = points
-    if progress and len(points) > 20:
-        from rich.progress import track
-
-        iterator = track(points, description=f"validating {len(points)} runs", transient=True)
+    iterator: Any = _progress(points, f"planning sweep {spec.name}") if progress and len(points) > 20 else points
     seen: dict[str, str] = {}
     for point in iterator:
         try:
+            # One compose (from the per-group cache, see quartet.config.compose) and one resolve per run; the
+            # resolved run is passed on to the memory estimate and the run id.
             cfg = compose_run(point, spec, runs_root, extra)
             res = resolve(cfg)
             resources = resources_for(profile, res.n_params)
             world = max(1, resources.gpus)
-            if resources.gpus > 1:  # the batch must split over the data-parallel ranks too
-                resolve(cfg.copy(), world_size=resources.gpus)
+            res.check_world_size(world)  # the batch must split over the data-parallel ranks too
             memory = plan_memory(cfg, res, profile, world)
-            rdir = Path(run_dir_of(cfg))
-            rid = rdir.name  # run_dir ends in run_id(cfg); computing it twice costs a second resolve
+            rdir = Path(run_dir_of(cfg, res))
+            rid = rdir.name
         except QuartetError as exc:
             errors.append(f"run [{point.label}]: {_one_line(exc)}")
             continue
@@ -187,22 +184,42 @@ def build_plan(spec: SweepSpec, profile: ClusterProfile, runs_root: Path, extra:
     return plan
 
 
+def _progress(points: list, what: str, every_s: float = 5.0):
+    """Yield ``points``, showing progress on stderr: a transient bar on a terminal, else one clean line about every
+    ``every_s`` seconds (and at the end) for logs and pipes."""
+    import sys
+    import time
+
+    if sys.stderr.isatty():
+        from rich.console import Console
+        from rich.progress import track
+
+        yield from track(points, description=f"{what}: {len(points)} runs", transient=True, console=Console(stderr=True))
+        return
+    t0 = last = time.monotonic()
+    for i, point in enumerate(points, 1):
+        yield point
+        now = time.monotonic()
+        if now - last >= every_s or i == len(points):
+            last = now
+            print(f"{what}: {i}/{len(points)} runs composed and resolved ({now - t0:.0f} s)", file=sys.stderr, flush=True)
+
+
 def plan_memory(cfg: DictConfig, res, profile: ClusterProfile, world: int) -> MemoryEstimate:
     """Decide the run's parallelism and check its per-GPU memory estimate against the profile's GPU.
 
     The run's own ``run.parallel`` (ddp | fsdp) wins; ``auto`` takes the profile rule's ``parallel``, else DDP
     when its estimate fits ``gpu_memory_gb``, else FSDP. The choice is written into ``cfg.run.parallel`` (so the
     run's config.yaml states it). Raises ConfigError (one line with the numbers) when the estimate exceeds
-    ``gpu_memory_gb``.
+    ``gpu_memory_gb``. ``res`` is ``resolve(cfg)``: the estimate takes the per-rank micro-batch at ``world`` from
+    ``cfg`` itself, and the caller has checked that the batch splits over ``world`` (``res.check_world_size``).
     """
-    from quartet.config import resolve
-
     requested = str(cfg.run.parallel)
     if requested == "auto":
         requested = rule_for(profile, res.n_params).parallel or "auto"
     ac = bool(cfg.run.activation_checkpointing)
     gpu_gb = profile.gpu_memory_gb
-    mode, est = choose_parallel(resolve(cfg.copy(), world), world_size=world, gpu_memory_gb=gpu_gb,
+    mode, est = choose_parallel(res, world_size=world, gpu_memory_gb=gpu_gb,
                                 requested=requested, activation_checkpointing=ac)
     if gpu_gb is not None and est.total > float(gpu_gb) * GB:
         fixes = [] if mode == "fsdp" else ["run.parallel=fsdp"]

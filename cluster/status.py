@@ -80,7 +80,7 @@ def render(name: str, views: list[runstate.RunView], max_error: int = 60):
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="quartet status", description="State of every run of a sweep.")
     p.add_argument("name", help="sweep name (the group folder under the runs root)")
-    p.add_argument("--runs-dir", help="runs root (default: $QUARTET_RUNS or ./runs)")
+    p.add_argument("--runs-dir", help="runs root (default: $QUARTET_RUNS, else <checkout>/runs; a relative path is from the working directory)")
     p.add_argument("--watch", nargs="?", const=5.0, type=float, metavar="SECONDS",
                    help="refresh every SECONDS (default 5) until no run is pending/running; Ctrl-C stops")
     return p

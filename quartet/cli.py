@@ -12,12 +12,13 @@ import sys
 #: subcommand -> ("module:function", one-line help). Each function takes argv (list[str]) and
 #: returns an exit code (int) or None for success.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "train": ("quartet.train:cli_main", "train one run (Hydra overrides: model=... precision=... budget.tokens_per_param=...)"),
+    "train": ("quartet.train_cli:cli_main", "train one run (Hydra overrides: model=... precision=... budget.tokens_per_param=...)"),
     "data": ("quartet.data:cli_main", "prepare tokenized shards: quartet data prepare ..."),
     "quant-stats": ("quartet.quant.stats:cli_main", "MSE / misalignment of every quantizer on Gaussian data"),
     "sweep": ("cluster.launch:cli_main", "expand a sweep and submit what is not finished (local or Slurm)"),
     "status": ("cluster.status:cli_main", "state of every run of a sweep"),
     "fit": ("analysis.cli:fit_main", "fit the low-precision scaling law to runs or a loss table"),
+    "predict": ("analysis.cli:predict_main", "forecast the loss at (N, D) per precision from a fit, with 95% intervals"),
     "figures": ("analysis.cli:figures_main", "plot losses, fits, efficiencies and optimal-precision maps"),
     "ladder": ("analysis.ladder:cli_main", "seed noise and each precision's gap to bf16 per cell of a replicated sweep"),
     "bench": ("quartet.kernels.bench:cli_main", "GPU benchmarks of quantizers, linear layers and training steps"),
@@ -33,6 +34,21 @@ def _usage() -> str:
     return "\n".join(lines)
 
 
+def keep_caches_inside() -> None:
+    """Point the caches that wandb and matplotlib keep in the home folder (``~/.cache/wandb``, ``~/.config/wandb``,
+    ``~/.local/share/wandb``, ``~/.cache/matplotlib``) into the project cache (``QUARTET_CACHE``, default
+    ``<checkout>/.cache``) unless they are set already, so a command writes nothing outside the checkout by default.
+    A run's wandb files go to its run directory (``quartet.recorder``)."""
+    import os
+
+    from quartet.paths import cache_dir
+
+    cache = cache_dir()
+    for var, sub in (("WANDB_CACHE_DIR", "wandb/cache"), ("WANDB_CONFIG_DIR", "wandb/config"),
+                     ("WANDB_DATA_DIR", "wandb/data"), ("MPLCONFIGDIR", "matplotlib")):
+        os.environ.setdefault(var, str(cache / sub))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Dispatch ``quartet <command> ...`` to the command's module; returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -45,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         print(__version__)
         return 0
     name, rest = argv[0], argv[1:]
+    keep_caches_inside()
     if name not in SUBCOMMANDS:
         print(f"quartet: unknown command {name!r}; choose one of: {', '.join(SUBCOMMANDS)}", file=sys.stderr)
         return 2

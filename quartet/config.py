@@ -14,18 +14,20 @@ nominal size, e.g. 30e6 for the 30M model). ``D`` actually trained is ``steps * 
 """
 from __future__ import annotations
 
+import copy
 import math
+import os
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Optional
 
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from quartet.errors import ConfigError
 from quartet.memory import PARALLEL_CHOICES
-from quartet.model import block_linear_names, ffn_hidden
+from quartet.shapes import block_linear_names, ffn_hidden
 from quartet.paths import CONF_DIR, check_folder_name
 from quartet.quant.config import PrecisionConfig, keep_bf16_matches
 
@@ -181,7 +183,8 @@ class RunConfig:
     #: fed from the device (false: they run eagerly between compiled regions, draws made on the host). The
     #: numbers are the same either way; only the speed differs.
     compile_fused: bool = True
-    #: CPU threads for torch (0 = torch's default); 1 is fastest when several runs share few cores
+    #: CPU threads for torch; 0 = min(4, usable cores / processes per node), or torch's default when OMP_NUM_THREADS
+    #: is set (quartet.train.cpu_threads); 1 is fastest when several runs share few cores
     threads: int = 0
     #: data parallelism: ddp (whole model per rank) | fsdp (FSDP2: parameters, grads and Adam states sharded per
     #: transformer block) | auto (ddp when its per-GPU memory estimate fits the GPU, else fsdp; a cluster plan
@@ -309,11 +312,14 @@ def compose(overrides: list[str] | None = None, conf_dir: str | Path | None = No
     """Compose the run config from ``conf/<config_name>.yaml`` + groups + Hydra ``overrides``.
 
     Typed: unknown group options, unknown keys and bad types raise ConfigError (one line).
-    """
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
 
+    Fast path (same result as Hydra's full compose): each group choice (``model=...``, ``precision=...``) is
+    composed by Hydra once per process (:func:`_from_group_nodes`, keyed by the conf folder's files), and each
+    call applies its value overrides (``run.seed=1``, ``budget.tokens=...``) to a copy of the assembled config
+    with the very step Hydra takes after composing its defaults list. Overrides the fast path does not
+    model (``+key``, ``++key``, ``~key``, ``hydra.*``, packages, dict values) and any failure take the full
+    compose, so errors read as before.
+    """
     # Every group is in train.yaml's defaults (cluster as null), so `+group=x` means `group=x`.
     overrides = [o[1:] if re.match(r"\+(\w+)=", o) and o[1:].split("=")[0] in _GROUPS + ("cluster",) else o
                  for o in (overrides or [])]
@@ -328,6 +334,139 @@ def compose(overrides: list[str] | None = None, conf_dir: str | Path | None = No
             opts = group_options(group, conf_dir)
             if option not in opts:
                 raise ConfigError(f"{group}={option}: unknown {group}; allowed: {', '.join(opts)}")
+    split = _split_overrides(overrides, conf_dir)
+    if split is not None:
+        choices, values = split
+        cfg = _from_group_nodes(choices, conf_dir, config_name)
+        if cfg is not None:
+            try:
+                from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+                ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
+                return cfg
+            except Exception:  # noqa: BLE001 - the full compose below raises the error as it always read
+                pass
+    return _hydra_compose(overrides, conf_dir, config_name)
+
+
+#: Hydra composes of the fast path, keyed by (conf folder, config name, group choices, files' signature)
+_COMPOSED: dict[tuple, DictConfig] = {}
+_COMPOSED_SIZE = 512
+#: (conf folder, config name, group choices, signature) -> the config assembled from them (None: not assembled)
+_ASSEMBLED: dict[tuple, DictConfig | None] = {}
+#: (conf folder, config name, choice, signature) -> whether the choice's compose differs from the defaults' only in
+#: its own group's node
+_OWN_NODE_ONLY: dict[tuple, bool] = {}
+_OVERRIDES_PARSER: list = []
+#: override text -> Hydra's parsed Override (read only by the fast path)
+_PARSED: dict = {}
+
+
+def _composed(choices: tuple[str, ...], conf_dir: Path, config_name: str, signature: tuple) -> DictConfig:
+    """Hydra's compose of the group ``choices`` alone, once per process (and per state of the conf folder)."""
+    key = (str(conf_dir), config_name, choices, signature)
+    cfg = _COMPOSED.get(key)
+    if cfg is None:
+        cfg = _hydra_compose(list(choices), conf_dir, config_name)
+        if len(_COMPOSED) >= _COMPOSED_SIZE:
+            _COMPOSED.pop(next(iter(_COMPOSED)))
+        _COMPOSED[key] = cfg
+    return cfg
+
+
+def _from_group_nodes(choices: list[str], conf_dir: Path, config_name: str) -> DictConfig | None:
+    """The compose of ``choices`` built from one Hydra compose per choice: the defaults' config with each chosen
+    group's node taken from the compose of that choice alone. Hydra composes each group option into its own node
+    (``model=x`` fills ``model``), so this is the full compose whenever every option writes only its own node;
+    an option that writes elsewhere (``@package _global_``, a defaults list reaching another group) is detected
+    (its compose differs from the defaults' outside its node) and None sends the caller to the full compose."""
+    groups = [c.split("=", 1)[0] for c in choices]
+    if len(set(groups)) != len(groups):
+        return None
+    signature = _conf_signature(conf_dir)
+    key = (str(conf_dir), config_name, tuple(choices), signature)
+    if key not in _ASSEMBLED:
+        if len(_ASSEMBLED) >= _COMPOSED_SIZE:
+            _ASSEMBLED.pop(next(iter(_ASSEMBLED)))
+        _ASSEMBLED[key] = _assemble(groups, choices, conf_dir, config_name, signature)
+    cfg = _ASSEMBLED[key]
+    return None if cfg is None else copy.deepcopy(cfg)
+
+
+def _assemble(groups: list[str], choices: list[str], conf_dir: Path, config_name: str, signature: tuple):
+    base = _composed((), conf_dir, config_name, signature)
+    cfg = copy.deepcopy(base)
+    for group, choice in zip(groups, choices):
+        one = _composed((choice,), conf_dir, config_name, signature)
+        key = (str(conf_dir), config_name, choice, signature)
+        if key not in _OWN_NODE_ONLY:
+            _OWN_NODE_ONLY[key] = all(k == group or _same_node(one.get(k), base.get(k)) for k in set(one) | set(base))
+        if not _OWN_NODE_ONLY[key]:
+            return None
+        with open_dict(cfg):
+            cfg[group] = one[group]  # (OmegaConf assigns a copy)
+    return cfg
+
+
+def _same_node(a, b) -> bool:
+    if isinstance(a, DictConfig) and isinstance(b, DictConfig):
+        return OmegaConf.to_container(a) == OmegaConf.to_container(b)
+    return a == b
+
+
+def _conf_signature(conf_dir: Path) -> tuple:
+    """(name, size, mtime) of every YAML of the conf folder: a cached base is reused only while they are unchanged."""
+    out = []
+    for folder in [conf_dir, *sorted(p for p in conf_dir.iterdir() if p.is_dir())]:
+        with os.scandir(folder) as it:
+            for e in it:
+                if e.name.endswith((".yaml", ".yml")):
+                    st = e.stat()
+                    out.append((folder.name, e.name, st.st_size, st.st_mtime_ns))
+    return tuple(sorted(out))
+
+
+def _split_overrides(overrides: list[str], conf_dir: Path):
+    """(group choices as strings, value overrides as Hydra ``Override`` objects), or None when an override is one
+    the fast path does not model (then the caller composes everything with Hydra)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import OverrideType
+
+    if not _OVERRIDES_PARSER:
+        _OVERRIDES_PARSER.append(OverridesParser.create())
+    parsed = []
+    for text in overrides:  # Hydra's grammar is slow to run: each distinct override is parsed once
+        if text not in _PARSED:
+            try:
+                _PARSED[text] = _OVERRIDES_PARSER[0].parse_overrides(overrides=[text])[0]
+            except Exception:  # noqa: BLE001 - a grammar error: the full compose words it
+                return None
+            if len(_PARSED) > 100_000:
+                _PARSED.clear()
+        parsed.append(_PARSED[text])
+    choices, values = [], []
+    for text, ov in zip(overrides, parsed):
+        key = ov.key_or_group
+        if ov.is_sweep_override() or ov.package is not None or key.split(".")[0] == "hydra":
+            return None
+        value = ov.value()
+        if (conf_dir / key.replace(".", "/")).is_dir():  # a config group (Hydra: repo.group_exists)
+            if ov.type != OverrideType.CHANGE or not isinstance(value, str):
+                return None
+            choices.append(text)
+        elif ov.type != OverrideType.CHANGE or isinstance(value, dict):
+            return None
+        else:
+            values.append(ov)
+    return choices, values
+
+
+def _hydra_compose(overrides: list[str], conf_dir: Path, config_name: str) -> DictConfig:
+    """Hydra's full compose of ``overrides``; errors rephrased to one line."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
     register_configs()
     # Inside a running Hydra app (e.g. a hydra-submitit job) GlobalHydra is taken: set it aside and
     # put it back afterwards, so composing a run config never disturbs the caller's Hydra.
@@ -461,9 +600,14 @@ class ResolvedRun:
 
     def derived(self) -> dict:
         """The derived values as a plain dict (what ``cfg.derived`` holds)."""
-        d = asdict(self)
-        d.pop("cfg")
-        return d
+        # not dataclasses.asdict: it would deep-copy the whole config only to drop it
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "cfg"}
+
+    def check_world_size(self, world_size: int) -> int:
+        """What ``resolve(cfg, world_size)`` checks beyond ``resolve(cfg)``: the batch splits over ``world_size``
+        data-parallel ranks (ConfigError, the same message, when not); returns the per-rank micro-batch. Nothing
+        else a resolve derives depends on the world size."""
+        return _micro_batch(self.batch_size, self.cfg.optim.micro_batch_size, world_size)
 
     def accum_steps(self, world_size: int = 1) -> int:
         """Micro-batches per rank per optimizer step."""
@@ -473,6 +617,18 @@ class ResolvedRun:
 def _require(cond: bool, msg: str) -> None:
     if not cond:
         raise ConfigError(msg)
+
+
+def _micro_batch(batch: int, micro_batch_size, world_size: int) -> int:
+    """The per-rank micro-batch of a ``batch`` over ``world_size`` ranks; ConfigError when it does not split evenly."""
+    micro = int(micro_batch_size if micro_batch_size is not None else batch // max(world_size, 1))
+    _require(micro > 0, f"optim.micro_batch_size={micro}: must be a positive integer")
+    _require(batch % micro == 0,
+             f"optim.batch_size={batch} is not divisible by optim.micro_batch_size={micro}; allowed micro-batch sizes: "
+             f"{', '.join(str(k) for k in range(1, batch + 1) if batch % k == 0 and k <= 4096)}")
+    _require(batch % (micro * world_size) == 0,
+             f"optim.batch_size={batch} is not divisible by optim.micro_batch_size={micro} x world size {world_size}")
+    return micro
 
 
 def resolve(cfg: DictConfig, world_size: int = 1) -> ResolvedRun:
@@ -503,13 +659,7 @@ def resolve(cfg: DictConfig, world_size: int = 1) -> ResolvedRun:
     _require(lr > 0, f"optim.lr={lr}: must be > 0 (null = model.lr)")
     batch = int(o.batch_size if o.batch_size is not None else m.batch_size)
     _require(batch > 0, f"optim.batch_size={batch}: must be a positive integer")
-    micro = int(o.micro_batch_size if o.micro_batch_size is not None else batch // max(world_size, 1))
-    _require(micro > 0, f"optim.micro_batch_size={micro}: must be a positive integer")
-    _require(batch % micro == 0,
-             f"optim.batch_size={batch} is not divisible by optim.micro_batch_size={micro}; allowed micro-batch sizes: "
-             f"{', '.join(str(k) for k in range(1, batch + 1) if batch % k == 0 and k <= 4096)}")
-    _require(batch % (micro * world_size) == 0,
-             f"optim.batch_size={batch} is not divisible by optim.micro_batch_size={micro} x world size {world_size}")
+    micro = _micro_batch(batch, o.micro_batch_size, world_size)
     seq = int(m.seq_len)
     per_step = batch * seq
 
@@ -560,7 +710,12 @@ def resolve(cfg: DictConfig, world_size: int = 1) -> ResolvedRun:
             raise ConfigError(f"derived.{key}={given}: derived values are computed, never set (expected {value}); "
                               f"change model/budget/optim instead")
     OmegaConf.set_readonly(cfg, False)
-    cfg.derived = OmegaConf.merge(OmegaConf.structured(DerivedConfig), derived)
+    node = cfg.get("derived") if "derived" in cfg else None
+    if isinstance(node, DictConfig) and OmegaConf.get_type(node) is DerivedConfig and set(node.keys()) == set(derived):
+        for key, value in derived.items():  # in place: what the merge below yields, without building a new node
+            node[key] = value
+    else:
+        cfg.derived = OmegaConf.merge(OmegaConf.structured(DerivedConfig), derived)
     return res
 
 

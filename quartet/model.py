@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from quartet.shapes import block_linear_names, ffn_hidden  # noqa: F401 - re-exported: the model's shape rules
+
 
 class BlockLinear(nn.Linear):
     """A bias-free linear inside a transformer block: the seam where quantized linears plug in."""
@@ -25,17 +27,6 @@ class BlockLinear(nn.Linear):
         super().__init__(in_features, out_features, bias=False, device=device, dtype=dtype)
         #: True for projections that write into the residual stream (scaled init)
         self.residual = residual
-
-
-def block_linear_names(n_layer: int) -> list[str]:
-    """Module names of the :class:`BlockLinear` layers of a :class:`Llama` with ``n_layer`` blocks, in module order
-    (what ``keep_bf16`` patterns are checked against before a model is built)."""
-    return [f"blocks.{i}.{leaf}" for i in range(n_layer) for leaf in ("attn.qkv", "attn.proj", "mlp.w12", "mlp.c_proj")]
-
-
-def ffn_hidden(d_model: int, multiple_of: int = 256) -> int:
-    """SwiGLU hidden size: ``multiple_of * ceil(int(8d/3) / multiple_of)`` (the paper's rule)."""
-    return multiple_of * math.ceil(int(8 * d_model / 3) / multiple_of)
 
 
 class RMSNorm(nn.Module):

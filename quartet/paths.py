@@ -99,3 +99,20 @@ def permission_hint(path: str | Path | None) -> str:
             f"there; ask {owner} to share the runs directory with the group (chmod -R g+w, and g+s on its folders: "
             f"docs/cluster.md, 'Shared runs directories'), or use a runs directory of your own (--runs-dir / "
             f"run.out_dir)")
+
+
+def not_writable(path: str | Path, folder: bool = True) -> str | None:
+    """Why ``path`` (a folder to create or fill, or with ``folder=False`` a file to write) cannot be written, or None.
+
+    Checks the nearest existing ancestor (a folder not yet made is made there) and an existing target itself, so a
+    command can refuse a read-only output location in one line before its work instead of after it."""
+    path = Path(path)
+    target = path if folder else path.parent
+    existing = next((p for p in [target, *target.parents] if p.exists()), None)
+    if existing is None or not existing.is_dir():
+        return f"{existing} is not a folder"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{existing} is not writable"
+    if not folder and path.exists() and not os.access(path, os.W_OK):
+        return f"{path} is not writable"
+    return None

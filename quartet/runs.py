@@ -40,11 +40,14 @@ def _newer_data_identity(data: dict) -> dict:
             if k not in FORMAT1_IDENTITY_KEYS and k in data and data.get(k) != defaults.get(k)}
 
 
-def semantic_config(cfg: DictConfig) -> dict:
-    """The part of the config that defines the experiment (the input of the run hash)."""
+def semantic_config(cfg: DictConfig, res=None) -> dict:
+    """The part of the config that defines the experiment (the input of the run hash).
+
+    ``res``: ``cfg``'s :class:`~quartet.config.ResolvedRun` when the caller has it (a planner resolves each run
+    once); else a copy of ``cfg`` is resolved here."""
     from quartet.config import resolve
 
-    res = resolve(cfg.copy())
+    res = res if res is not None else resolve(cfg.copy())
     c = OmegaConf.to_container(cfg, resolve=True)
     model = {k: v for k, v in c["model"].items() if k not in ("lr", "batch_size")}
     precision = {k: v for k, v in c["precision"].items() if k not in _PRECISION_NON_SEMANTIC}
@@ -58,9 +61,9 @@ def semantic_config(cfg: DictConfig) -> dict:
             "data": data, "optim": optim, "seed": c["run"]["seed"], "data_seed": c["run"]["data_seed"]}
 
 
-def config_hash(cfg: DictConfig) -> str:
-    """sha256 (hex) of the semantic config, canonical JSON."""
-    blob = json.dumps(semantic_config(cfg), sort_keys=True, separators=(",", ":"), default=str)
+def config_hash(cfg: DictConfig, res=None) -> str:
+    """sha256 (hex) of the semantic config, canonical JSON (``res``: as for :func:`semantic_config`)."""
+    blob = json.dumps(semantic_config(cfg, res), sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -79,9 +82,10 @@ def budget_label(cfg: DictConfig) -> str:
     return f"t{_human(float(b.tokens))}"
 
 
-def run_id(cfg: DictConfig) -> str:
-    """``<model>-<budget>-<precision>-s<seed>-<hash8>``: same semantic config, same id."""
-    return f"{cfg.model.name}-{budget_label(cfg)}-{cfg.precision.name}-s{cfg.run.seed}-{config_hash(cfg)[:8]}"
+def run_id(cfg: DictConfig, res=None) -> str:
+    """``<model>-<budget>-<precision>-s<seed>-<hash8>``: same semantic config, same id (``res``: as for
+    :func:`semantic_config`)."""
+    return f"{cfg.model.name}-{budget_label(cfg)}-{cfg.precision.name}-s{cfg.run.seed}-{config_hash(cfg, res)[:8]}"
 
 
 def runs_base(cfg: DictConfig) -> Path:
@@ -89,6 +93,6 @@ def runs_base(cfg: DictConfig) -> Path:
     return Path(cfg.run.out_dir) if cfg.run.out_dir else runs_root()
 
 
-def run_dir(cfg: DictConfig) -> Path:
-    """``<run.out_dir>/<run.name>/<run_id>/``."""
-    return runs_base(cfg) / str(cfg.run.name) / run_id(cfg)
+def run_dir(cfg: DictConfig, res=None) -> Path:
+    """``<run.out_dir>/<run.name>/<run_id>/`` (``res``: as for :func:`semantic_config`)."""
+    return runs_base(cfg) / str(cfg.run.name) / run_id(cfg, res)

@@ -16,7 +16,6 @@ cosine from ``lr`` down to ``lr/10`` at the last update.
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import errno
 import math
@@ -114,8 +113,9 @@ class Trainer:
             from quartet.errors import ConfigError
 
             raise ConfigError("run.device=cuda: no CUDA device is visible; allowed: auto, cpu")
-        if int(cfg.run.threads) > 0:
-            torch.set_num_threads(int(cfg.run.threads))
+        threads = cpu_threads(int(cfg.run.threads))
+        if threads:
+            torch.set_num_threads(threads)
         # FSDP2 needs a process group even on one rank: decide the parallelism before setting up
         self.parallel = qpar.resolve_mode(resolve(cfg.copy(), qdist.world_size_from_env()), str(cfg.run.parallel),
                                           qdist.world_size_from_env(), dev_type, bool(cfg.run.activation_checkpointing))
@@ -543,19 +543,42 @@ def train(cfg: DictConfig) -> dict:
 # ----------------------------------------------------------------------------------------------
 
 
-def _install_stop_signals(trainer: Trainer) -> None:
-    """SIGTERM / first Ctrl-C -> checkpoint and stop at the next step; a second Ctrl-C aborts."""
+#: most torch threads ``run.threads=0`` gives a process (more rarely pay off for the models trained on CPUs here)
+AUTO_THREADS_MAX = 4
+
+
+def cpu_threads(requested: int) -> int:
+    """torch threads for ``run.threads``: the number asked for, or for 0 (the default) min(4, the cores this process
+    may use / the processes of this node's torchrun) -- never more threads than cores -- unless OMP_NUM_THREADS is set
+    (a sweep's pool worker, or the user): then 0, torch's default, which follows it."""
+    import os
+
+    if requested > 0:
+        return requested
+    if os.environ.get("OMP_NUM_THREADS"):
+        return 0
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    procs = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+    return max(1, min(AUTO_THREADS_MAX, cores // max(1, procs)))
+
+
+def _install_stop_signals(trainer: Trainer) -> dict:
+    """SIGTERM / first Ctrl-C -> checkpoint and stop at the next step; a second Ctrl-C aborts. Returns a dict whose
+    ``"signal"`` is the first stop signal received (None until then)."""
+    received: dict = {"signal": None}
     if threading.current_thread() is not threading.main_thread():
-        return
+        return received
 
     def handler(signum, _frame):
         print(f"\nquartet: signal {signum}: checkpointing at the next step boundary (Ctrl-C again aborts)",
               file=sys.stderr)
+        received["signal"] = received["signal"] or signum
         trainer.request_stop()
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
+    return received
 
 
 #: files that make a folder a run directory (something trained, or is training, there)
@@ -603,12 +626,9 @@ def os_error_line(exc: OSError, directory: Path | None) -> str:
 
 def cli_main(argv: list[str] | None = None) -> int:
     """``quartet train [overrides...] [--print-config] [--config-file DIR/config.yaml]``."""
-    parser = argparse.ArgumentParser(prog="quartet train", description="Train one run (Hydra overrides, e.g. "
-                                     "model=llama_30m precision=quartet budget=dn100 run.name=mysweep).")
-    parser.add_argument("overrides", nargs="*", help="Hydra overrides key=value / group=option")
-    parser.add_argument("--print-config", action="store_true", help="print the resolved config (with derived values) and exit")
-    parser.add_argument("--config-file", help="replay a run from its config.yaml (or run directory); overrides still apply")
-    args = parser.parse_intermixed_args(argv)
+    from quartet.train_cli import parser
+
+    args = parser().parse_intermixed_args(argv)
     cfg = None
     try:
         if args.config_file:
@@ -627,7 +647,7 @@ def cli_main(argv: list[str] | None = None) -> int:
             # refuse a run that another process trains now before building data and model (seconds to minutes)
             runlock.check_free(run_dir(cfg), what=f"run {run_id(cfg)}")
         trainer = Trainer(cfg)
-        _install_stop_signals(trainer)
+        stopped = _install_stop_signals(trainer)
         result = trainer.run()
     except NonFiniteError as exc:
         print(f"quartet: error: {exc}", file=sys.stderr)
@@ -642,4 +662,6 @@ def cli_main(argv: list[str] | None = None) -> int:
         print(f"val_loss {result['val_loss']:.4f}  run_dir {run_dir(cfg)}")
     else:
         print(f"preempted at step {result.get('step')}/{result.get('steps')}; run the same command again to resume")
+        if stopped["signal"] == signal.SIGINT:  # Ctrl-C: the shell's 130, so a script's `train && fit` stops there
+            return 130  # (SIGTERM, a scheduler's checkpoint-and-stop, stays a clean preemption: 0)
     return 0

@@ -387,6 +387,10 @@ class Check:
 
     # -- the parts ---------------------------------------------------------------------------------
     def prepare_data(self) -> bool:
+        if self.left() < self.a.min_run:  # no run fits in what is left: none would read the data, so skip preparing it
+            self.r["skipped"].append({"part": "data prepare",
+                                      "why": f"{self.left():.1f} s of the --budget left (< {self.a.min_run:g})"})
+            return True
         cmd = [sys.executable, "-m", "quartet.cli", "data", "prepare", *self.data]
         t = time.monotonic()
         spec = {"env": {"QUARTET_CACHE": self.cache}}

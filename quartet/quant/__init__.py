@@ -9,20 +9,46 @@ The model seam (docs/ARCHITECTURE.md, "Model <-> quantization seam"):
   :func:`begin_micro_batch` which of its micro-batches comes next.
 * :func:`collect_stats` returns the per-layer quantization statistics gathered since the last call.
 
-Importing this package needs only torch.
+Using this package needs only torch; importing it imports no torch (the torch modules load on first use), so
+:mod:`quartet.config` reads the precision schema (:mod:`quartet.quant.config`) without torch.
 """
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING
 
 from quartet.errors import ConfigError
-from quartet.quant.backend import BACKEND_NAMES, get_backend
 from quartet.quant.config import keep_bf16_matches
-from quartet.quant.linear import QuantLinear
-from quartet.quant.schemes import SCHEMES, Scheme, build_scheme, scheme_names
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from quartet.quant.backend import BACKEND_NAMES, get_backend
+    from quartet.quant.linear import QuantLinear
+    from quartet.quant.schemes import SCHEMES, Scheme, build_scheme, scheme_names
+
+#: names of this package's namespace that live in its torch modules, imported on first use (PEP 562 / :func:`_load`)
+_LAZY = {"BACKEND_NAMES": "quartet.quant.backend", "get_backend": "quartet.quant.backend",
+         "QuantLinear": "quartet.quant.linear", "SCHEMES": "quartet.quant.schemes", "Scheme": "quartet.quant.schemes",
+         "build_scheme": "quartet.quant.schemes", "scheme_names": "quartet.quant.schemes"}
+
+
+def _load() -> None:
+    """Put the torch modules' names into this namespace, once; a name already there (e.g. patched) is kept."""
+    g = globals()
+    for name, module in _LAZY.items():
+        if name not in g:
+            g[name] = getattr(importlib.import_module(module), name)
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        _load()
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["QuantPlan", "apply_precision", "set_step", "begin_micro_batch", "collect_stats", "build_scheme",
            "scheme_names", "SCHEMES", "QuantLinear"]
@@ -94,6 +120,8 @@ def _block_linear_type():
 
 
 def _device_of(model: nn.Module) -> torch.device:
+    import torch
+
     for p in model.parameters():
         return p.device
     return torch.device("cpu")
@@ -115,6 +143,10 @@ def apply_precision(model: nn.Module, precision_cfg, *, seed: int | None = None,
     on its final device.
     Raises :class:`ConfigError` at once if the scheme or backend cannot run on ``device``.
     """
+    import torch
+    from torch import nn
+
+    _load()
     scheme: Scheme = build_scheme(precision_cfg)
     backend_name = str(getattr(precision_cfg, "backend", "auto"))
     if backend_name not in BACKEND_NAMES:
@@ -175,6 +207,8 @@ def apply_precision(model: nn.Module, precision_cfg, *, seed: int | None = None,
 
 def _list_length(model: nn.Module, prefix: str) -> int | None:
     """Length of the module list at ``prefix`` (for negative indices in ``keep_bf16``), None if it is not one."""
+    from torch import nn
+
     try:
         mod = model.get_submodule(prefix)
     except AttributeError:
@@ -183,6 +217,7 @@ def _list_length(model: nn.Module, prefix: str) -> int | None:
 
 
 def _quant_layers(model: nn.Module):
+    _load()
     return [m for m in model.modules() if isinstance(m, QuantLinear)]
 
 

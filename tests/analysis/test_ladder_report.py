@@ -97,8 +97,17 @@ def test_committed_ladder_tables_agree_with_its_loss_table():
     assert (report.base.status, report.base.message) == (fit["base"]["status"], fit["base"]["message"])
     for name, value in fit["base"]["params"].items():
         assert report.base.params[name] == pytest.approx(value, rel=1e-4), name
-    for name, (lo, hi) in fit["base"]["intervals"].items():  # percentiles of 200 refits: looser
-        assert report.base_intervals[name] == pytest.approx((lo, hi), rel=0.05, abs=1e-6), name
+    # What a refit reproduces on another machine (docs/analysis.md, "Reproducibility of refits"): the same seed draws
+    # the same resamples everywhere, but each refit's last bits depend on the CPU's floating point, and where the data
+    # do not pin a parameter (an interval over 10x wide) a refit can land elsewhere in a flat valley. So: an interval
+    # under 10x wide agrees within 5%, a wider one (this fit: all but beta) to within a factor of 3 at each end.
+    for name, (lo, hi) in fit["base"]["intervals"].items():
+        got = report.base_intervals[name]
+        if lo > 0 and hi / lo < 10:
+            assert got == pytest.approx((lo, hi), rel=0.05), name
+        else:
+            for new, old in zip(got, (lo, hi)):
+                assert (new == old == 0) or (new > 0 and old > 0 and abs(np.log10(new / old)) < np.log10(3)), name
     for e in report.efficiencies:
         saved = next(x for x in fit["efficiencies"] if x["scheme"] == e.scheme)
         assert (e.eff_n, e.eff_d, e.status) == (pytest.approx(saved["eff_n"], rel=1e-4),

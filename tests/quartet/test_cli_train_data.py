@@ -19,8 +19,8 @@ from quartet.train import Trainer, cli_main as train_main
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_sigterm_checkpoints_and_the_same_config_resumes(tmp_path, tiny_overrides):
-    over = [*tiny_overrides, "budget.tokens=1536000", f"run.out_dir={tmp_path}"]  # 3000 steps: far from done
+def _train_until_signal(over: list[str], sig: int, rows: int = 3):
+    """``quartet train OVER`` in a child process, sent ``sig`` once its metrics.jsonl has ``rows`` rows: (proc, out, err)."""
     d = run_dir(compose(over))
     env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "quartet.cli", "train", *over], cwd=REPO, env=env,
@@ -29,14 +29,21 @@ def test_sigterm_checkpoints_and_the_same_config_resumes(tmp_path, tiny_override
         deadline = time.time() + 120
         while time.time() < deadline:
             m = d / "metrics.jsonl"
-            if m.is_file() and len(m.read_text().splitlines()) >= 3:
+            if m.is_file() and len(m.read_text().splitlines()) >= rows:
                 break
             time.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig)
         out, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
+    return proc, out, err
+
+
+def test_sigterm_checkpoints_and_the_same_config_resumes(tmp_path, tiny_overrides):
+    over = [*tiny_overrides, "budget.tokens=1536000", f"run.out_dir={tmp_path}"]  # 3000 steps: far from done
+    d = run_dir(compose(over))
+    proc, out, err = _train_until_signal(over, signal.SIGTERM)
     assert proc.returncode == 0, err[-2000:]
     assert "run the same command again to resume" in out
     state = json.loads((d / "state.json").read_text())
@@ -202,3 +209,34 @@ def test_corrupt_shard_under_verify_size_names_it(tmp_path, tiny_overrides, caps
     assert state["state"] == "failed" and state["error"].startswith("DataError: data: shard")
     assert data_main(["prepare", *data, "--force"]) == 0  # the suggested command repairs it
     assert train_main(over) == 0
+
+
+def test_ctrl_c_checkpoints_and_exits_130(tmp_path, tiny_overrides):
+    """Ctrl-C (SIGINT) stops at a step boundary with a checkpoint and exits 130, so `quartet train ... && quartet fit`
+    stops there; a bad override is refused before torch is imported."""
+    over = [*tiny_overrides, "budget.tokens=1536000", f"run.out_dir={tmp_path}"]
+    d = run_dir(compose(over))
+    proc, out, err = _train_until_signal(over, signal.SIGINT, rows=2)
+    assert proc.returncode == 130, err[-2000:]
+    env = {**os.environ, "WANDB_MODE": "disabled"}
+    assert "run the same command again to resume" in out and (d / "ckpt" / "last.pt").is_file()
+    bad = subprocess.run([sys.executable, "-X", "importtime", "-m", "quartet.cli", "train", "run.sed=1"], cwd=REPO,
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "run.sed: unknown key" in bad.stderr
+    assert not any(line.rstrip().endswith("| torch") for line in bad.stderr.splitlines())
+
+
+def test_train_writes_nothing_into_the_home_folder(tmp_path, tiny_overrides):
+    """wandb's debug logs (~/.cache/wandb/logs) and config go to the project cache: `quartet train` with wandb on
+    (offline) leaves a fresh HOME empty."""
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "MPLCONFIGDIR"))}
+    env.update(HOME=str(home), QUARTET_CACHE=str(tmp_path / "cache"), OMP_NUM_THREADS="1")
+    over = [o for o in tiny_overrides if not o.startswith("logging")] + [
+        "logging.wandb.mode=offline", "logging.progress=false", f"run.out_dir={tmp_path / 'runs'}"]
+    proc = subprocess.run([sys.executable, "-m", "quartet.cli", "train", *over], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert list(home.rglob("*")) == []
+    assert (run_dir(compose(over)) / "wandb").is_dir()
