@@ -91,7 +91,8 @@ def cell_gaps(df: pd.DataFrame, base: str = "bf16", noise: pd.DataFrame | None =
 
     The noise of a cell is the paired-gap sd of that precision measured at the same model size, at the
     replicated budget nearest in log tokens (the larger sd on a tie); with no replicated cell at that size,
-    the largest sd over all sizes. ``noise_from`` says which.
+    the largest sd over all sizes; with none of that precision (a sweep still running), NaN and the verdict "noise
+    not measured". ``noise_from`` says which.
     """
     noise = seed_noise(df, base) if noise is None else noise
     gaps = paired_gaps(df, base)
@@ -107,15 +108,16 @@ def cell_gaps(df: pd.DataFrame, base: str = "bf16", noise: pd.DataFrame | None =
             where = f"this size, D/N {d_ref / n:.3g}"
         else:
             pool = ref[ref["precision"] == prec]
-            if pool.empty:
-                raise AnalysisError(f"ladder: no paired-gap noise measured for {prec}")
-            sd, where = float(pool["gap_sd"].max()), "largest of all sizes"
+            # a sweep still running may have no replicated cell of this precision yet: its gaps are listed, unjudged
+            sd, where = ((float(pool["gap_sd"].max()), "largest of all sizes") if len(pool)
+                         else (np.nan, "not measured"))
         gap = float(grp["gap"].mean())
         rows.append({"model": model, "n_params": n, "tokens": d, "tokens_per_param": round(d / n, 2), "precision": prec,
                      "seeds": int(grp["seed"].nunique()), "base_loss": float(grp["base_loss"].mean()),
                      "loss": float(grp["loss"].mean()), "gap": gap, "noise_sd": sd, "noise_from": where,
-                     "margin": gap - sd, "ratio": gap / sd if sd > 0 else np.inf,
-                     "verdict": ("above noise" if gap > sd else "below noise" if gap < -sd else "within noise")})
+                     "margin": gap - sd, "ratio": gap / sd if sd > 0 else (np.nan if sd != sd else np.inf),
+                     "verdict": ("noise not measured" if sd != sd else "above noise" if gap > sd
+                                 else "below noise" if gap < -sd else "within noise")})
     return pd.DataFrame(rows).sort_values(["precision", "n_params", "tokens"]).reset_index(drop=True)
 
 
