@@ -83,6 +83,34 @@ def _iv(iv, fmt="{:.4g}"):
     return "" if iv is None else f"[{fmt.format(iv[0])}, {fmt.format(iv[1])}]"
 
 
+def _headline_reading(h: dict) -> str:
+    """The headline's qualifiers in a few words: the fit's flag and which intervals include 1."""
+    parts = [f"not a finding ({h['caveat'].split(':')[0]})"] if h.get("caveat") else []
+    note = h.get("note") or ""
+    parts += [f"{e} interval includes 1" for e in ("effN", "effD") if f"{e}'s 95% interval" in note]
+    return "; ".join(parts) or "finding"
+
+
+def _signed_pct(v: float) -> str:
+    return "0.0%" if round(v, 1) == 0 else f"{v:+.1f}%"
+
+
+def _print_headline_table(console, headlines) -> None:
+    """Many precisions' headlines as one table (a sentence each is unreadable beyond two or three)."""
+    from rich.table import Table
+
+    h0 = headlines[0]
+    t = Table(title=f"What each precision costs at N = {h0['at_n']:.3g}, D/N = {h0['at_ratio']:g}, and the training "
+                    f"speedup at which it pays off", title_justify="left")
+    for col in ("precision", "effective N", "effective D", "break-even speedup", "reading"):
+        t.add_column(col)
+    for h in headlines:
+        z = h["breakeven_speedup"]
+        t.add_row(h["scheme"], _signed_pct(-h["lost_params_pct"]), _signed_pct(-h["lost_data_pct"]),
+                  f"{z:.2f}x" if z == z and z != float("inf") else "none", _headline_reading(h))
+    console.print(t)
+
+
 def print_report(report, console=None) -> None:
     """Rich tables: base parameters with intervals, multi-start log, efficiencies, forecasts, headlines."""
     from rich.console import Console
@@ -133,8 +161,11 @@ def print_report(report, console=None) -> None:
                           f"{f.max_abs_rel_error:.2%} on {len(f.held_out)} held-out run(s) (refit: {f.status})")
         else:
             console.print(f"forecast {f.name}: skipped ({f.status}: {f.message})")
-    for h in report.headlines:
-        console.print(f"• {h['text']}")
+    if len(report.headlines) > 2:
+        _print_headline_table(console, report.headlines)
+    else:
+        for h in report.headlines:
+            console.print(f"• {h['text']}")
     if report.dropped:
         console.print(f"dropped {len(report.dropped)} run(s):")
         for d in report.dropped:

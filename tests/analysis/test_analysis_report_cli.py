@@ -72,8 +72,13 @@ def test_cli_fit_paper_json(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "Base law (busbridge), 23 runs" in text and "quest:sr_absmax" in text
     assert "base fit status: converged" in text
-    assert "pays off when its speedup exceeds" in text
+    # many precisions: their headlines are one table (a row each), not a paragraph each
+    assert "What each precision costs at N =" in text and "•" not in text
+    heads = text[text.index("What each precision costs"):]
+    rows = [ln for ln in heads.splitlines() if ln.startswith("│ quest:sr_absmax ")]
+    assert len(rows) == 1 and "1.62x" in rows[0] and "finding" in rows[0]
     data = json.loads((tmp_path / "f.json").read_text())
+    assert any("pays off when its speedup exceeds" in h["text"] for h in data["headlines"])  # JSON keeps the sentences
     assert data["base"]["params"]["gamma"] == pytest.approx(0.274, rel=0.01)
     assert data["provenance"]["input"]["kind"] == "paper" and len(data["provenance"]["input"]["sha256"]) == 64
 

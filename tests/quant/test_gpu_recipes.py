@@ -50,8 +50,10 @@ def _pair(device: str, name: str, backend: str):
     from torch import nn
 
     from quartet.model import BlockLinear
+    from quartet.plugins import load_kernels
     from quartet.quant import apply_precision
 
+    load_kernels()  # as the trainer does once it has picked the device: the fast backends register themselves
     torch.manual_seed(0)
     m = nn.Sequential(BlockLinear(256, 512), BlockLinear(512, 256))
     with torch.no_grad():  # bf16 weights, as the fused layers quantize bf16 copies of W (docs/kernels.md)
