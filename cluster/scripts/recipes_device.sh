@@ -75,9 +75,8 @@ if [ "$mode" = sweep ]; then
       tar xzf "$RECIPES_RESTORE" -C "$RUNS"
       stamp "restored the runs of $RECIPES_RESTORE"
     fi
-    # a run restored mid-flight has no checkpoint here: it starts again
-    find "$RUNS/recipes" -name state.json -exec grep -l '"running"\|"pending"' {} + 2>/dev/null \
-      | while read -r f; do d=$(dirname "$f"); [ -f "$d/summary.json" ] || rm -f "$f"; done
+    # a run restored unfinished has no checkpoint here (the archive holds none): it starts again from nothing
+    for d in "$RUNS"/recipes/*/; do [ -f "$d/summary.json" ] || rm -rf "$d"; done
   fi
   if [ -n "${GPU_TESTS:-}" ]; then  # GPU tests beside the sweep, on the first GPU
     ( CUDA_VISIBLE_DEVICES=0 timeout -k 10 "${TESTS_TIMEOUT:-480}" "$PY" -m pytest -q -p no:cacheprovider -rfE \
