@@ -375,8 +375,9 @@ def _floats(text: str, flag: str) -> list[float]:
         raise AnalysisError(f"{flag} takes numbers separated by commas, e.g. 5,10 (got {text!r})") from None
 
 
-def predict_main(argv: list[str] | None = None) -> int:
-    """``quartet predict SOURCE (--model NAME | --n N) (--dn R | --tokens D) [--precision P] [--json [OUT]]``."""
+def predict_main(argv: list[str] | None = None, model_point=None) -> int:
+    """``quartet predict SOURCE (--model NAME | --n N) (--dn R | --tokens D) [--precision P] [--json [OUT]]``.
+    ``model_point`` resolves ``--model`` names (see :func:`analysis.predict.points`)."""
     from analysis.predict import LawFit, forecast, is_fit_json, points
 
     p = argparse.ArgumentParser(
@@ -403,7 +404,7 @@ def predict_main(argv: list[str] | None = None) -> int:
         _check_common(args)
         models = [m for item in args.model for m in item.split(",") if m]
         pts = points(models=models, ns=_floats(args.n, "--n"), dns=_floats(args.dn, "--dn"),
-                     tokens=_floats(args.tokens, "--tokens"))
+                     tokens=_floats(args.tokens, "--tokens"), model_point=model_point)
         precisions = [x for item in args.precision for x in item.split(",") if x] or None
         if args.json not in (None, "-"):
             check_writable(Path(args.json), "--json")

@@ -101,24 +101,14 @@ class Point:
         return self.tokens / self.n_params
 
 
-def model_point(model: str, dn: float | None = None, tokens: float | None = None) -> Point:
-    """A model of ``conf/model`` at a budget: its exact non-embedding N; with ``dn`` the tokens a run of that D/N
-    trains (``dn`` x the model's nominal size, in whole optimizer steps of its batch), with ``tokens`` those."""
-    from quartet.config import compose, resolve
-    from quartet.errors import QuartetError
+def points(models=(), ns=(), dns=(), tokens=(), model_point=None) -> list[Point]:
+    """Every size (``models`` by name, ``ns`` as N) at every budget (``dns`` as D/N, ``tokens`` as D).
 
-    budget = ([f"budget.tokens_per_param={dn:g}", "budget.tokens=null"] if dn is not None
-              else ["budget.tokens_per_param=null", f"budget.tokens={int(tokens)}"])
-    try:
-        res = resolve(compose([f"model={model}", *budget]))
-    except QuartetError as exc:
-        raise AnalysisError(str(exc)) from None
-    return Point(n_params=float(res.n_params), tokens=float(res.tokens) if dn is not None else float(tokens),
-                 model=model)
-
-
-def points(models=(), ns=(), dns=(), tokens=()) -> list[Point]:
-    """Every size (``models`` by name, ``ns`` as N) at every budget (``dns`` as D/N, ``tokens`` as D)."""
+    ``model_point(name, dn=None, tokens=None) -> Point`` turns a model name into its size and a run's tokens; it
+    reads the training configs, which this torch-free package does not import, so the CLI passes it in
+    (:func:`quartet.cli_predict.model_point`)."""
+    if models and model_point is None:
+        raise AnalysisError("model names need the training configs: give --n N, or run `quartet predict`")
     if not (models or ns):
         raise AnalysisError("give a size: --model NAME (e.g. llama_50m) or --n N (e.g. 5e7)")
     if not (dns or tokens):

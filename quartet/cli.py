@@ -18,7 +18,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "sweep": ("cluster.launch:cli_main", "expand a sweep and submit what is not finished (local or Slurm)"),
     "status": ("cluster.status:cli_main", "state of every run of a sweep"),
     "fit": ("analysis.cli:fit_main", "fit the low-precision scaling law to runs or a loss table"),
-    "predict": ("analysis.cli:predict_main", "forecast the loss at (N, D) per precision from a fit, with 95% intervals"),
+    "predict": ("quartet.cli_predict:predict_main", "forecast the loss at (N, D) per precision from a fit, with 95% intervals"),
     "figures": ("analysis.cli:figures_main", "plot losses, fits, efficiencies and optimal-precision maps"),
     "ladder": ("analysis.ladder:cli_main", "seed noise and each precision's gap to bf16 per cell of a replicated sweep"),
     "bench": ("quartet.kernels.bench:cli_main", "GPU benchmarks of quantizers, linear layers and training steps"),

@@ -626,7 +626,7 @@ def os_error_line(exc: OSError, directory: Path | None) -> str:
 
 def cli_main(argv: list[str] | None = None) -> int:
     """``quartet train [overrides...] [--print-config] [--config-file DIR/config.yaml]``."""
-    from quartet.train_cli import parser
+    from quartet.train_args import parser
 
     args = parser().parse_intermixed_args(argv)
     cfg = None
@@ -646,6 +646,11 @@ def cli_main(argv: list[str] | None = None) -> int:
         if qdist.world_size_from_env() == 1:
             # refuse a run that another process trains now before building data and model (seconds to minutes)
             runlock.check_free(run_dir(cfg), what=f"run {run_id(cfg)}")
+            # a run directory that cannot be made (another user's folder, a read-only disk) fails here, in one
+            # line (below), before the data and the model are built; in a group-shared runs directory it is made
+            # group-writable, as everything the run writes
+            apply_shared_umask(run_dir(cfg))
+            run_dir(cfg).mkdir(parents=True, exist_ok=True)
         trainer = Trainer(cfg)
         stopped = _install_stop_signals(trainer)
         result = trainer.run()

@@ -9,10 +9,10 @@ import pandas as pd
 import pytest
 from analysis_testdata import PAPER_PARAMS
 
-from analysis.cli import predict_main
+from quartet.cli_predict import model_point, predict_main
 from analysis.laws import predict
 from analysis.load import frame_from_table
-from analysis.predict import LawFit, Point, forecast, model_point
+from analysis.predict import LawFit, Point, forecast
 from analysis.report import fit_all
 
 REPO = Path(__file__).resolve().parents[2]

@@ -97,7 +97,7 @@ def test_checkpoint_write_is_atomic(tiny_cfg, monkeypatch):
     with pytest.raises(OSError, match="simulated crash"):
         t2.save_checkpoint()
     monkeypatch.undo()
-    assert path.with_name("last.pt.tmp").exists()  # the partial file is only the tmp
+    assert not path.with_name("last.pt.tmp").exists()  # the partial file was the tmp, removed on the failure
     after = ckpt_io.load(path)
     assert after["step"] == 3
     assert all(torch.equal(before["model"][k], after["model"][k]) for k in before["model"])
