@@ -127,6 +127,13 @@ def pick_fp4_scheme(report: FitReport) -> tuple[str, float, float]:
     return "best forward + best backward", en, ed
 
 
+def panel_grid(n: int, max_cols: int = 3) -> tuple[int, int]:
+    """(rows, columns) for ``n`` panels, at most ``max_cols`` wide, with as few empty cells as that allows
+    (4 panels: 2 × 2, not 2 × 3 with two empty)."""
+    nrow = max(1, int(np.ceil(n / max_cols)))
+    return nrow, max(1, int(np.ceil(n / nrow)))
+
+
 def _schemes_to_plot(report: FitReport, limit: int) -> list:
     effs = [e for e in report.efficiencies if np.isfinite(e.eff_n) and e.n_points >= 2]
     # Informative fits first: degenerate ones (an efficiency near 0: the law cannot describe the
@@ -147,16 +154,14 @@ def plot_losses(report: FitReport, df: pd.DataFrame, out_dir: Path, max_panels: 
         panels.append((f"{e.scheme} (effN={e.eff_n:.3f}, effD={e.eff_d:.3f}{flag})", groups.get(e.scheme), e.eff_n,
                        e.eff_d))
     left_out = [e.scheme for e in report.efficiencies if e not in shown]
-    ncol = min(3, len(panels))
-    nrow = int(np.ceil(len(panels) / ncol))
+    left_out += [title.split(" (")[0] for title, rows, _, _ in panels if rows is None or rows.empty]
+    panels = [p for p in panels if p[1] is not None and not p[1].empty]
+    nrow, ncol = panel_grid(len(panels))
     fig, axes = plt.subplots(nrow, ncol, figsize=(5.0 * ncol, 3.9 * nrow), squeeze=False, sharey=False)
     sizes = sorted(df["n_params"].unique())
     cmap = plt.get_cmap("viridis")
     colors = {n: cmap(i / max(1, len(sizes) - 1)) for i, n in enumerate(sizes)}
     for ax, (title, rows, en, ed) in zip(axes.ravel(), panels):
-        if rows is None or rows.empty:
-            ax.set_visible(False)
-            continue
         for n, g in rows.groupby("n_params"):
             g = g.sort_values("tokens")
             ax.scatter(g["tokens"], g["loss"], color=colors[n], s=22, zorder=3, label=_fmt_n(n))
@@ -328,7 +333,9 @@ def plot_breakeven(report: FitReport, out_dir: Path, ratio: float | None = None)
     """Break-even uniform speedup Z vs model size at D/N = ratio (default: the headline's), per precision."""
     at = report.provenance["options"]["headline_at"]
     ratio = ratio or at["ratio"]
-    fig, ax = plt.subplots(figsize=(6.8, 4.6))
+    # the legend and the notes get a panel of their own beside the plot, so they never squeeze or cover it
+    fig, (ax, side) = plt.subplots(1, 2, figsize=(10.0, 5.0), gridspec_kw={"width_ratios": [2.0, 1.0]})
+    side.axis("off")
     n = np.geomspace(min(1e7, at["n"] / 10), 1e11, 200)
     colors = scheme_colors(report)
     top, bottom = 4.0, 0.8
@@ -339,8 +346,8 @@ def plot_breakeven(report: FitReport, out_dir: Path, ratio: float | None = None)
         flag = "" if e.status == "converged" else f" {e.status}"
         ax.plot(n, z, color=colors[e.scheme], ls="-" if not flag else "--", lw=1.5 + 2.0 * under, zorder=2 + k,
                 label=f"{e.scheme} (effN {e.eff_n:.2f}, effD {e.eff_d:.2f}){flag}")
-    if notes:  # beside the axes, under the legend: named, not dropped, and off the curves
-        ax.text(1.02, 0.0, "\n".join(notes), transform=ax.transAxes, fontsize=7, color="0.3", va="bottom")
+    if notes:  # in the side panel, under the legend: named, not dropped, and off the curves
+        side.text(0.0, 0.0, "\n".join(notes), transform=side.transAxes, fontsize=7, color="0.3", va="bottom")
     ax.axhline(1.0, color="k", lw=0.8)
     ax.axhline(2.0, color="grey", lw=0.8, ls=":")
     ax.axvline(at["n"], color="grey", lw=0.8, ls="--")
@@ -353,7 +360,8 @@ def plot_breakeven(report: FitReport, out_dir: Path, ratio: float | None = None)
     ax.set_ylabel("break-even speedup Z (× the baseline's throughput)")
     beyond = extrapolation_note(report.provenance["base_range"]["n_max"], float(n[-1]))
     ax.set_title(f"Speedup needed to match the baseline at equal compute (D/N = {ratio:g}{beyond})", fontsize=9)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="dashed: flagged fit", title_fontsize=7)
+    side.legend(*ax.get_legend_handles_labels(), fontsize=7, loc="upper left", bbox_to_anchor=(0.0, 1.0),
+                title="dashed: flagged fit", title_fontsize=7, borderaxespad=0.0)
     return _save(fig, out_dir, "breakeven")
 
 
@@ -460,28 +468,32 @@ def plot_ladder_gaps(gaps: pd.DataFrame, out_dir: Path) -> list[Path]:
 
 
 def plot_training_curves(runs: pd.DataFrame, out_dir: Path) -> list[Path]:
-    """Training loss vs tokens per precision at each size's largest budget (lowest seed), one panel per size;
-    runs need the ``path`` of their folder (``analysis.load.load_runs_dir``)."""
+    """Training loss (5-row rolling mean) vs tokens per precision at each size's largest budget (lowest seed), one
+    panel per size; runs need the ``path`` of their folder (``analysis.load.load_runs_dir``). The precisions'
+    curves often lie on each other: each has its own colour and line style (:func:`curve_styles`), the baseline is
+    drawn first and widest, under the others, and one legend sits beside the panels, off the curves."""
+    from matplotlib.lines import Line2D
+
     from analysis.load import load_curve
 
     sizes = sorted(runs["n_params"].unique())
     fig, axes = plt.subplots(1, len(sizes), figsize=(4.3 * len(sizes), 3.7), squeeze=False)
     precs = sorted(runs["precision"].unique(), key=lambda p: (p != "bf16", p))
     colors = precision_colors(precs)
+    styles = curve_styles(precs)
     for ax, n in zip(axes.ravel(), sizes):
         rows = runs[runs["n_params"] == n]
         top = rows[(rows["tokens"] == rows["tokens"].max()) & (rows["seed"] == rows["seed"].min())]
-        # the baseline drawn last, on top: the other precisions' curves often lie right on it
-        for prec in sorted(precs, key=lambda p: p == "bf16"):
+        for z, prec in enumerate(precs):  # the baseline first, at the bottom
             sel = top[top["precision"] == prec]
             if sel.empty:
                 continue
             curve = load_curve(sel.iloc[0])
             curve = curve[curve["loss"].notna()] if "loss" in curve.columns else curve.iloc[0:0]
-            ax.plot(curve["tokens"], curve["loss"], color=colors[prec], lw=1.0,
-                    alpha=1.0 if prec == "bf16" else 0.8, label=prec)
+            ax.plot(curve["tokens"], curve["loss"].rolling(5, min_periods=1).mean(), color=colors[prec],
+                    zorder=2 + z, **styles[prec])
             ax.scatter([sel.iloc[0]["tokens"]], [sel.iloc[0]["loss"]], color=colors[prec], s=18,
-                       zorder=3, marker="D")
+                       zorder=10 + z, marker="D")
         ax.set_xscale("log")
         ax.set_xlim(left=float(top["tokens"].max()) / 200)  # the first updates' losses are off the chart anyway
         ax.set_ylim(top=min(ax.get_ylim()[1], float(rows["loss"].max()) * 1.6))
@@ -489,10 +501,28 @@ def plot_training_curves(runs: pd.DataFrame, out_dir: Path) -> list[Path]:
         ax.set_xlabel("tokens")
         ax.set_ylabel("training loss (line), final val loss (◆)")
         ax.set_title(f"{rows['model'].iloc[0]} (N = {_fmt_n(n)}), D/N {top['tokens'].max() / n:.0f}", fontsize=9)
-        ax.legend(fontsize=7)
-    fig.suptitle("training curves from D/200 on, clipped at 1.6x the size's highest final loss (early losses lie "
-                 "above)", fontsize=9)
+    fig.legend([Line2D([], [], color=colors[p], **styles[p]) for p in precs], precs, fontsize=8,
+               loc="center left", bbox_to_anchor=(1.0, 0.5), title="precision", title_fontsize=8)
+    fig.suptitle("training curves (5-row rolling mean) from D/200 on, clipped at 1.6x the size's highest final loss "
+                 "(early losses lie above)", fontsize=9)
+    fig.tight_layout()
     return _save(fig, out_dir, "ladder_curves")
+
+
+def curve_styles(precs) -> dict:
+    """Line keywords per precision for curves that overlap: the baseline (``bf16``, else the first) solid and
+    widest, drawn under the others; every other precision its own dash pattern, thinner."""
+    precs = list(precs)
+    base = "bf16" if "bf16" in precs else (precs[0] if precs else None)
+    dashes = ["--", "-.", ":", (0, (5, 1, 1, 1, 1, 1)), (0, (8, 2)), (0, (1, 1))]
+    styles, k = {}, 0
+    for p in precs:
+        if p == base:
+            styles[p] = {"ls": "-", "lw": 2.2, "alpha": 0.55}
+        else:
+            styles[p] = {"ls": dashes[k % len(dashes)], "lw": 1.2, "alpha": 0.95}
+            k += 1
+    return styles
 
 
 def plot_e_profile(profile: pd.DataFrame, out_dir: Path) -> list[Path]:

@@ -241,7 +241,9 @@ def local_pool(profile: ClusterProfile, n_runs: int, gpus: int | None = None):
 def _sigterm_as_ctrl_c():
     """SIGTERM (``kill PID``) of the launcher takes the Ctrl-C path while inside: running runs checkpoint
     and stop, claims are released. (SIGKILL cannot be caught: then the workers see the launcher die
-    and stop by themselves, see ``cluster.task._watch_launcher``.)"""
+    and stop by themselves, see ``cluster.task._watch_launcher``.) A launcher started with ``&`` from a
+    non-interactive script inherits SIGINT ignored (bash does that for background jobs): the Ctrl-C handler is put
+    back, so ``kill -INT`` stops it the same way."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -250,10 +252,15 @@ def _sigterm_as_ctrl_c():
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, handler)
+    ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    if ignored:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if ignored:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def run_local(plan: Plan, runs: list[PlannedRun], console=None) -> tuple[int, int, int]:

@@ -46,14 +46,14 @@ class PlannedRun:
 
     @property
     def state(self) -> str:
-        """done | running | failed | preempted | cancelled | corrupt | new (what the plan table shows)."""
+        """done | running | failed | preempted | cancelled | corrupt | invalid | new (what the plan table shows)."""
         v = self.view
         if v is None or v.state == "new":
             return "new"
         if v.state == "completed":
             return "done"
-        if v.state == "corrupt":
-            return "corrupt"
+        if v.state in {"corrupt", "invalid"}:
+            return v.state
         if v.live or v.state == "running":
             # still "running" after inspect: a trainer nobody could show gone (a standalone `quartet train` on
             # another host, whose lock this host cannot see); submitting it would overwrite its state.json
@@ -62,8 +62,8 @@ class PlannedRun:
 
     @property
     def to_submit(self) -> bool:
-        """Submit unless finished, someone is on it, or its summary.json is corrupt (maybe finished)."""
-        return self.state not in {"done", "running", "corrupt"}
+        """Submit unless finished (an ``invalid`` summary too), someone is on it, or its summary.json is corrupt."""
+        return self.state not in {"done", "running", "corrupt", "invalid"}
 
 
 @dataclass
@@ -314,7 +314,7 @@ def render_plan(plan: Plan, console=None, max_rows: int | None = None) -> None:
     total_h = sum(r.hours for r in plan.runs)
     todo_h = sum(r.hours for r in plan.pending())
     console.print(
-        f"[bold]{len(plan.runs)} runs[/]: " + ", ".join(f"{counts.get(k, 0)} {k}" for k in ("new", "done", "running", "failed", "preempted", "cancelled", "corrupt") if counts.get(k))
+        f"[bold]{len(plan.runs)} runs[/]: " + ", ".join(f"{counts.get(k, 0)} {k}" for k in ("new", "done", "running", "failed", "preempted", "cancelled", "corrupt", "invalid") if counts.get(k))
         + f" | to submit: {len(plan.pending())} | {dev}-hours: {todo_h:.4g} to run, {total_h:.4g} for the whole sweep"
         + f" | FLOPs total {_si(sum(r.flops for r in plan.runs))}"
     )

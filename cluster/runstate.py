@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import math
 import os
 import re
 import shutil
@@ -94,6 +95,18 @@ def corrupt_summary(run_dir: Path) -> str | None:
     if not path.exists() or read_json(path) is not None:
         return None
     return f"{path} is corrupt (not a JSON object); restore it, or delete it to train the run again"
+
+
+def invalid_summary(summary: dict[str, Any]) -> str | None:
+    """One line naming what makes a readable ``summary.json`` impossible (else None): a numeric ``val_loss`` that is
+    not positive and finite — no cross-entropy loss is, and ``quartet fit`` drops such a run for the same reason."""
+    value = summary.get("val_loss")
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return None
+    if not (math.isfinite(value) and value > 0):
+        return (f"summary.json's val_loss is {value:g} (not positive and finite: a cross-entropy loss cannot be; the "
+                f"summary is corrupt); quartet fit drops the run; delete summary.json to train the run again")
+    return None
 
 
 def write_state(run_dir: Path, **fields: Any) -> dict[str, Any]:
@@ -283,7 +296,7 @@ class RunView:
 
     run_id: str
     run_dir: Path
-    # new | pending | running | completed | preempted | failed | cancelled | corrupt | stale | unknown
+    # new | pending | running | completed | preempted | failed | cancelled | corrupt | invalid | stale | unknown
     state: str
     live: bool = False  # a live claim (job queued/running, or a local launcher working on it)
     step: int | None = None
@@ -331,6 +344,9 @@ def inspect(run_dir: Path, queue: dict[str, str] | None = None, reconcile_dead: 
         view.tokens_per_s = summary.get("tokens_per_s", view.tokens_per_s)
         view.step = summary.get("steps", view.step)
         view.total_steps = view.total_steps or summary.get("steps")
+        invalid = invalid_summary(summary)
+        if invalid is not None:  # finished, but with an impossible result: flagged, never retrained by a launch
+            view.state, view.error = "invalid", invalid
         return view
     corrupt = corrupt_summary(run_dir)
     if corrupt is not None:  # maybe finished: never "new", never reconciled or relaunched
@@ -364,13 +380,17 @@ def inspect(run_dir: Path, queue: dict[str, str] | None = None, reconcile_dead: 
         elif view.state != "running":
             view.state = "pending" if view.job_state is None else "running"
         return view
-    if view.state == "pending" and claim is not None and not slurm_claim and not foreign_claim(claim):
+    # `pending` with its claim released and no trainer ever recorded (pid, host): an interrupted launch released it
+    # before any worker started the run (Ctrl-C of a local sweep)
+    released = view.state == "pending" and claim is None and not st.get("pid") and not st.get("host")
+    if released or (view.state == "pending" and claim is not None and not slurm_claim and not foreign_claim(claim)):
         # claimed by a local launcher that stopped (killed) before any worker started the run: nothing ran, nothing
         # failed; it is what it was before the launch (new, or preempted with a checkpoint to resume from)
         ckpt = run_dir / "ckpt"
         started = view.step or (ckpt.is_dir() and any(ckpt.iterdir()))
         view.state = "preempted" if started else "new"
-        view.note = f"its launcher (pid {claim.get('pid')}) stopped before the run started; a relaunch starts it"
+        who = "its launch" if released else f"its launcher (pid {claim.get('pid')})"
+        view.note = f"{who} stopped before the run started; a relaunch starts it"
         return view
     if view.state in {"running", "pending"} and foreign_claim(claim):
         # a launcher on another host whose files stopped changing: it may still be alive; nothing is written

@@ -17,10 +17,11 @@ from pathlib import Path
 
 from cluster import runstate, slurm
 
-ORDER = ("running", "pending", "unknown", "stale", "preempted", "failed", "cancelled", "corrupt", "new", "completed")
+ORDER = ("running", "pending", "unknown", "stale", "preempted", "failed", "cancelled", "corrupt", "invalid", "new",
+         "completed")
 STYLE = {"completed": "green", "running": "cyan", "pending": "blue", "preempted": "yellow",
          "failed": "red", "cancelled": "magenta", "corrupt": "bold red", "new": "white", "unknown": "bold yellow",
-         "stale": "yellow"}
+         "stale": "yellow", "invalid": "bold red"}
 #: states after which ``--watch`` keeps refreshing
 ACTIVE = {"running", "pending", "unknown"}
 
@@ -106,10 +107,12 @@ def missing_sweep_message(arg: str, name: str, root: Path, runs_dir_given: bool)
 
 
 def report_corrupt(views: list[runstate.RunView]) -> int:
-    """Print one line (stderr) per run whose summary.json is corrupt; 1 when there is any, else 0."""
-    bad = [v for v in views if v.state == "corrupt"]
+    """Print one line (stderr) per run whose summary.json is corrupt or impossible (``invalid``: e.g. a negative
+    val_loss); 1 when there is any, else 0."""
+    bad = [v for v in views if v.state in {"corrupt", "invalid"}]
     for v in bad:
-        print(f"quartet status: error: run {v.run_id}: {runstate.corrupt_summary(v.run_dir) or v.error}", file=sys.stderr)
+        why = (runstate.corrupt_summary(v.run_dir) if v.state == "corrupt" else None) or v.error
+        print(f"quartet status: error: run {v.run_id}: {why}", file=sys.stderr)
     return 1 if bad else 0
 
 

@@ -251,3 +251,69 @@ def test_breakeven_names_every_scheme_the_axis_does_not_show_whole():
     (e, z), = curves
     assert z[0] < 4 < z[-1]
     assert notes == [f"clipped at the axes (0.8-4x):\n  bwd-x (reaches {z[-1]:.3g}x)"]
+
+
+def _captured_figures(monkeypatch) -> dict:
+    """The figures the plot functions save, by name (still drawable after they are closed)."""
+    import analysis.figures as figs
+
+    seen, real = {}, figs._save
+
+    def save(fig, out_dir, name):
+        seen[name] = fig
+        return real(fig, out_dir, name)
+
+    monkeypatch.setattr(figs, "_save", save)
+    return seen
+
+
+def test_loss_panels_fill_their_grid(tmp_path, monkeypatch):
+    """The baseline and three precisions (the demo's study) are laid out 2 × 2, every axes a drawn panel — not a
+    2 × 3 grid with two empty cells."""
+    from analysis.figures import panel_grid, plot_losses
+    from analysis.load import load_paper
+
+    assert [panel_grid(k) for k in (1, 3, 4, 5, 6, 7)] == [(1, 1), (1, 3), (2, 2), (2, 3), (2, 3), (3, 3)]
+    df = load_paper()
+    four = df[df["forward"].astype(str).str.cat(df["backward"].astype(str), ":").isin(
+        ["bf16:bf16", "quest:bf16", "quest:sr_absmax", "luq-int4:luq-int4"])]
+    seen = _captured_figures(monkeypatch)
+    plot_losses(fit_all(four, forecasts=False), four, tmp_path)
+    axes = seen["losses"].axes
+    assert len(axes) == 4 and all(ax.get_visible() and ax.collections for ax in axes)
+
+
+def test_breakeven_legend_and_notes_beside_the_plot_not_in_it(tmp_path, monkeypatch):
+    """The legend and the notes (never pays off, above the axis) sit in a panel of their own, so the plot keeps its
+    width instead of being squeezed by artists placed outside its axes."""
+    from analysis.figures import plot_breakeven
+    from analysis.load import load_paper
+
+    seen = _captured_figures(monkeypatch)
+    plot_breakeven(fit_all(load_paper(), forecasts=False), tmp_path)
+    fig = seen["breakeven"]
+    ax, side = fig.axes
+    assert ax.get_legend() is None and side.get_legend() is not None
+    assert any("never pays off" in t.get_text() for t in side.texts)
+    assert not any("never pays off" in t.get_text() for t in ax.texts)
+    assert ax.get_position().width * fig.get_figwidth() >= 5.0  # inches of plot (it was 2.7)
+
+
+def test_training_curves_tell_precisions_apart(runs_dir, tmp_path, monkeypatch):
+    """Each precision's curve has its own colour and line style; the baseline is drawn first (under the others) and
+    widest; the legend sits beside the panels, not on the curves."""
+    from matplotlib.colors import to_hex
+
+    from analysis.figures import PRECISION_COLORS, plot_training_curves
+
+    seen = _captured_figures(monkeypatch)
+    plot_training_curves(load_runs_dir(runs_dir), tmp_path)
+    fig = seen["ladder_curves"]
+    assert fig.legends
+    for ax in fig.axes:
+        lines = ax.get_lines()
+        assert len(lines) >= 3 and ax.get_legend() is None
+        assert len({(to_hex(ln.get_color()), str(ln.get_linestyle())) for ln in lines}) == len(lines)
+        base = min(lines, key=lambda ln: ln.get_zorder())
+        assert to_hex(base.get_color()) == PRECISION_COLORS["bf16"]
+        assert base.get_linewidth() > max(ln.get_linewidth() for ln in lines if ln is not base)

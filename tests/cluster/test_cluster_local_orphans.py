@@ -241,3 +241,45 @@ def test_a_worker_refused_by_the_train_lock_leaves_the_run_folder_as_it_was(tmp_
     assert result.state == "skipped" and f"pid {os.getpid()}" in result.error
     assert after == before  # no stdout.log, state.json and the holder's lock record untouched
 
+
+
+def test_sigint_stops_a_background_launcher_and_unstarted_runs_stay_new(tmp_path, capsys):
+    """A launcher started with `&` from a script inherits SIGINT ignored (bash does that for background jobs):
+    `kill -INT` used to do nothing. Now it takes the Ctrl-C path: the runs under way checkpoint and are recorded
+    preempted, and the run no worker started is `new` in status — it used to show as "running on an unrecorded
+    host" (its state.json kept the `pending` of its released claim)."""
+    sweep = _sweep(tmp_path, "bg")
+    root = tmp_path / "runs"
+    over = ["sweep.axes.budget.tokens=[256000, 307200, 204800, 153600, 102400]"]  # 2 workers: 3 wait
+    runs = [r.run_dir for r in make_plan(sweep, None, over, str(root), with_state=False).runs]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled"}
+    proc = subprocess.Popen([sys.executable, "-m", "cluster.launch", sweep, "--runs-dir", str(root), *over], cwd=REPO,
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    workers: list[int] = []
+    try:
+        deadline = time.time() + 150
+        while time.time() < deadline:
+            assert proc.poll() is None, "the launcher exited before the runs were under way"
+            started = [d for d in runs if (d / "metrics.jsonl").is_file()
+                       and len((d / "metrics.jsonl").read_text().splitlines()) >= 10]
+            if len(started) == 2:
+                workers = _pool_workers(proc.pid)
+                break
+            time.sleep(0.05)
+        assert len(started) == 2, "the runs never started"
+        os.kill(proc.pid, signal.SIGINT)
+        proc.wait(timeout=EXIT_WITHIN_S)
+    finally:
+        _kill_group(proc, workers)
+    for d in started:
+        assert runstate.read_json(d / "state.json")["state"] == "preempted", d.name
+    # the pool may hand one more run to a worker before the stop (it then checkpoints at once): preempted too
+    unstarted = [d for d in runs if not (d / "ckpt").is_dir()]
+    assert len(unstarted) >= 2
+    for d in unstarted:
+        view = runstate.inspect(d, None)
+        assert view.state == "new" and "unrecorded host" not in (view.note or ""), (view.state, view.note)
+    assert status_main(["bg", "--runs-dir", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert "unrecorded host" not in out and f"{len(unstarted)} new" in out and "running" not in out

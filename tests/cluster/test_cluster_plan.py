@@ -289,6 +289,28 @@ def test_corrupt_summary_is_reported_and_not_relaunched(tmp_path, capsys):
     assert all(not p.exists() for p in dirs[1:])
 
 
+
+def test_summary_with_a_negative_val_loss_is_invalid_not_completed(tmp_path, capsys):
+    """summary.json whose val_loss is negative (no cross-entropy can be): status listed the run as completed while
+    `quartet fit` drops it; now status shows it `invalid` with the reason (exit 1, named on stderr), and the plan
+    neither counts it done nor submits it again."""
+    sweep, runs, dirs = _planned_dirs(tmp_path)
+    d = dirs[0]
+    d.mkdir(parents=True)
+    (d / "config.yaml").write_text("x: 1\n")
+    runstate.write_state(d, state="completed", step=9, total_steps=9)
+    (d / "summary.json").write_text(json.dumps({"val_loss": -0.5, "steps": 9}))
+    view = runstate.inspect(d)
+    assert view.state == "invalid" and "val_loss is -0.5" in view.error
+
+    assert status_main(["tiny", "--runs-dir", str(runs)]) == 1
+    out, err = capsys.readouterr()
+    assert "1 runs: 1 invalid" in out and "completed" not in out
+    assert err.startswith(f"quartet status: error: run {d.name}: ") and "val_loss is -0.5" in err
+    plan = make_plan(str(sweep), None, [], str(runs))
+    run = next(r for r in plan.runs if r.run_dir == d)
+    assert run.state == "invalid" and not run.to_submit
+
 def test_a_train_that_cannot_be_checked_from_here_is_running_not_new(tmp_path, capsys):
     """state.json says running, written by a standalone `quartet train` (no claim) on another host: its process
     and lock cannot be checked from here. The plan used to call it `new`, so a launch claimed it, rewrote its
