@@ -14,6 +14,7 @@ fails at load time)::
     fixed: {data: shakespeare}      # overrides applied to every run
     include: []                     # extra runs: mappings of overrides (on top of `fixed`)
     exclude: []                     # grid points matching ALL key/values of an entry are dropped
+    branches: false                 # true: budgets as decay branches of one WSD trunk (docs/branches.md)
 
 Runs that differ only in precision get identical seeds (``run.seed`` / ``run.data_seed`` are config
 values the grid never derives from the precision), so every comparison against BF16 sees the same
@@ -47,6 +48,9 @@ class SweepSpec:
     exclude: list[Any] = field(default_factory=list)
     #: free-form notes shown by --dry-run (e.g. which points the paper actually ran)
     notes: list[str] = field(default_factory=list)
+    #: budget branches (cluster/branches.py, docs/branches.md): false | true (a WSD trunk per group of runs that
+    #: differ only in budget, a decay branch per budget) | independent (the same WSD runs, each from scratch)
+    branches: Any = False
 
 
 @dataclass(frozen=True)
@@ -127,7 +131,10 @@ def _load_chain(path: Path, sweeps_dir: Path, seen: tuple[str, ...]) -> DictConf
 
 
 def _check(spec: SweepSpec) -> None:
+    from cluster.branches import branch_mode
+
     check_folder_name("sweep name", spec.name)
+    branch_mode(spec.branches)
     if not spec.axes and not spec.include:
         raise ConfigError(f"sweep {spec.name}: needs at least one axis in 'axes' or one run in 'include'")
     for key, values in spec.axes.items():
