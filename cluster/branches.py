@@ -20,25 +20,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from cluster.spec import RunPoint
-
-#: ``branches:`` of a sweep: off | trunk (true) | independent
-MODES = ("off", "trunk", "independent")
-
-
-def branch_mode(value: Any) -> str:
-    """The sweep's ``branches`` value as one of :data:`MODES` (``true`` = trunk, ``false`` / null = off)."""
-    if value is None or value is False:
-        return "off"
-    if value is True:
-        return "trunk"
-    if str(value) in MODES:
-        return str(value)
-    from quartet.errors import ConfigError
-
-    raise ConfigError(f"branches={value!r}: allowed: true (a trunk per group + a decay branch per budget), "
-                      f"independent (the same WSD runs, each from scratch), false")
-
+from cluster.spec import MODES, RunPoint, branch_mode  # noqa: F401 - the sweep key's values, re-exported
 
 def _set(cfg: DictConfig, key: str, value: Any) -> None:
     OmegaConf.set_readonly(cfg, False)

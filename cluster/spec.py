@@ -130,9 +130,23 @@ def _load_chain(path: Path, sweeps_dir: Path, seen: tuple[str, ...]) -> DictConf
     return doc
 
 
-def _check(spec: SweepSpec) -> None:
-    from cluster.branches import branch_mode
+#: ``branches:`` of a sweep (cluster/branches.py): off | trunk (true) | independent
+MODES = ("off", "trunk", "independent")
 
+
+def branch_mode(value: Any) -> str:
+    """The sweep's ``branches`` value as one of :data:`MODES` (``true`` = trunk, ``false`` / null = off)."""
+    if value is None or value is False:
+        return "off"
+    if value is True:
+        return "trunk"
+    if str(value) in MODES:
+        return str(value)
+    raise ConfigError(f"branches={value!r}: allowed: true (a trunk per group + a decay branch per budget), "
+                      f"independent (the same WSD runs, each from scratch), false")
+
+
+def _check(spec: SweepSpec) -> None:
     check_folder_name("sweep name", spec.name)
     branch_mode(spec.branches)
     if not spec.axes and not spec.include:
