@@ -284,6 +284,10 @@ def load_runs_dir(root: str | Path) -> pd.DataFrame:
                 reason = f"unfinished (state {st}, step {state.get('step', '?')}/{state.get('total_steps', '?')})"
             dropped.append({"run_id": rid, "reason": reason, "path": str(run_dir)})
             continue
+        if (summary.get("branch") or {}).get("role") == "trunk":  # docs/branches.md: no decay, no budget's loss
+            dropped.append({"run_id": rid, "reason": "budget-branch trunk (constant LR, never decayed): its branches "
+                            "are the runs", "path": str(run_dir)})
+            continue
         cfg = _read_yaml(run_dir / "config.yaml")
         rid = str(summary.get("run_id", rid))
         fw = summary.get("forward") or _nested(cfg, "precision.forward")

@@ -137,8 +137,45 @@ def slurm_parameters(profile: ClusterProfile, res, sweep: str) -> dict:
     return params
 
 
+def waits_for_trunk(run: PlannedRun) -> bool:
+    """A budget branch that cannot start yet: no checkpoint of its own, and its trunk's is not there."""
+    from quartet import checkpoint as ckpt_io
+    from quartet.train import branch_source
+
+    src = branch_source(run.cfg, run.run_dir)
+    return src is not None and not src.is_file() and not ckpt_io.exists(run.run_dir / "ckpt" / "last.pt")
+
+
+def _hold(run: PlannedRun, why: str) -> None:
+    from cluster.task import mark_waiting
+
+    mark_waiting(run.run_dir, why)
+
+
 def submit_slurm(plan: Plan, runs: list[PlannedRun]) -> list[tuple[str, int]]:
-    """Submit ``runs`` as job arrays (one per resource shape, chunked); returns [(array id, size)]."""
+    """Submit ``runs`` as job arrays (one per resource shape, chunked); returns [(array id, size)].
+
+    A budget branch whose trunk checkpoint is not there yet goes into an array of its own that depends on its
+    trunk's job (``--dependency=afterany:<trunk job>``): it starts once the trunk's job ended, and exits "waiting"
+    if the trunk did not get to its branch step (a relaunch submits it again). With no trunk job to wait for it
+    is not submitted: state "waiting"."""
+    held = [r for r in runs if waits_for_trunk(r)]
+    out = _submit_arrays(plan, [r for r in runs if r not in held])
+    by_trunk: dict[str, list[PlannedRun]] = {}
+    for r in held:
+        by_trunk.setdefault(str(r.cfg.branch.trunk), []).append(r)
+    for trunk, members in by_trunk.items():
+        job = (runstate.read_claim(members[0].run_dir.parent / trunk) or {}).get("job_id")
+        if not job:
+            for r in members:
+                runstate.release_claim(r.run_dir)
+                _hold(r, f"waits for its trunk {trunk}, which is not submitted; launch the sweep again")
+            continue
+        out += _submit_arrays(plan, members, dependency=f"afterany:{job}")
+    return out
+
+
+def _submit_arrays(plan: Plan, runs: list[PlannedRun], dependency: str | None = None) -> list[tuple[str, int]]:
     import submitit
 
     from cluster.task import RunTask
@@ -146,10 +183,12 @@ def submit_slurm(plan: Plan, runs: list[PlannedRun]) -> list[tuple[str, int]]:
     folder = plan.group_dir / "slurm"
     folder.mkdir(parents=True, exist_ok=True)
     out = []
-    for res, chunk in plan.arrays(runs):
+    for res, chunk in plan.arrays(runs) if runs else []:
         ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=plan.profile.max_num_timeout,
                                     python=plan.profile.python)
         ex.update_parameters(**slurm_parameters(plan.profile, res, plan.spec.name))
+        if dependency:
+            ex.update_parameters(dependency=dependency)
         try:
             with ex.batch():
                 jobs = [ex.submit(RunTask(r.run_dir)) for r in chunk]
@@ -294,11 +333,31 @@ def _run_pool(plan: Plan, runs: list[PlannedRun], console=None) -> tuple[int, in
                   console=console, transient=False) as progress:
         overall = progress.add_task(f"sweep {plan.spec.name} ({len(runs)} runs, {size} workers{where})", total=len(runs))
         bars: dict[str, int] = {}
+        # budget branches whose trunk checkpoint is not there yet are held back until it is (docs/branches.md)
+        held = [r for r in runs if waits_for_trunk(r)]
+        for r in held:
+            _hold(r, f"held by this launch until its trunk {r.cfg.branch.trunk} saves step {r.cfg.branch.step}")
         with local_pool(prof, len(runs), gpus) as pool:
-            futures = {pool.submit(local_worker, str(r.run_dir), job_id): r for r in runs}
+            futures = {pool.submit(local_worker, str(r.run_dir), job_id): r for r in runs if r not in held}
             pending = set(futures)
             try:
-                while pending:
+                while pending or held:
+                    for r in [r for r in held if not waits_for_trunk(r)]:
+                        held.remove(r)
+                        fut = pool.submit(local_worker, str(r.run_dir), job_id)
+                        futures[fut] = r
+                        pending.add(fut)
+                    if not pending:  # nothing left that could write the checkpoints they wait for
+                        for r in held:
+                            runstate.release_claim(r.run_dir)
+                            _hold(r, f"waits for its trunk {r.cfg.branch.trunk} to save step {r.cfg.branch.step}; "
+                                     f"launch the sweep again once it has")
+                            progress.advance(overall)
+                            stopped += 1
+                            progress.console.print(f"[yellow]waiting[/] {r.run_id}: its trunk has not saved step "
+                                                   f"{r.cfg.branch.step}")
+                        held = []
+                        break
                     done, pending = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
                     for fut in done:
                         r = futures[fut]
@@ -333,6 +392,8 @@ def _run_pool(plan: Plan, runs: list[PlannedRun], console=None) -> tuple[int, in
                         progress.update(bars[r.run_id], completed=min(view.step or 0, r.steps))
             except KeyboardInterrupt:
                 progress.console.print("[yellow]interrupted: asking running runs to checkpoint and stop...[/]")
+                for r in held:
+                    runstate.release_claim(r.run_dir)
                 for fut, r in futures.items():
                     if fut.cancel():
                         runstate.release_claim(r.run_dir)

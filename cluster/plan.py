@@ -14,6 +14,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from cluster import runstate, slurm
+from cluster.branches import branch_mode, expand_branches
 from cluster.profiles import ClusterProfile, Resources, describe_local, gpu_hours, resources_for, rule_for
 from cluster.spec import RunPoint, SweepSpec, expand
 from quartet.errors import ConfigError, QuartetError
@@ -38,11 +39,21 @@ class PlannedRun:
     #: the run's per-GPU memory estimate under its parallelism (``memory.parallel``: ddp | fsdp)
     memory: MemoryEstimate | None = None
     view: runstate.RunView | None = None
+    #: a budget branch's step of departure from its trunk (0 otherwise): it trains only the updates after it
+    start_step: int = 0
+    #: device-hours of this run without budget branches: a branch's whole budget from scratch, a trunk's 0
+    hours_alone: float | None = None
 
     @property
     def flops(self) -> float:
-        """Training compute 6·N·D (N non-embedding)."""
-        return 6.0 * self.n_params * self.tokens
+        """Training compute 6·N·D (N non-embedding; a branch's D counts its own updates only)."""
+        return 6.0 * self.n_params * self.tokens * (1.0 - self.start_step / max(self.steps, 1))
+
+    @property
+    def role(self) -> str | None:
+        """trunk | branch (budget branches, docs/branches.md) or None."""
+        b = self.cfg.get("branch") or {}
+        return "trunk" if b.get("save_steps") else ("branch" if b.get("trunk") else None)
 
     @property
     def state(self) -> str:
@@ -145,12 +156,21 @@ def build_plan(spec: SweepSpec, profile: ClusterProfile, runs_root: Path, extra:
     errors: list[str] = []
     points = expand(spec)
     iterator: Any = _progress(points, f"planning sweep {spec.name}") if progress and len(points) > 20 else points
-    seen: dict[str, str] = {}
+    composed = []
     for point in iterator:
+        try:  # one compose per run (from the per-group cache, see quartet.config.compose)
+            composed.append((point, compose_run(point, spec, runs_root, extra)))
+        except Exception as exc:  # noqa: BLE001 - named below, with the run
+            errors.append(_run_error(point, exc))
+    if not errors:
         try:
-            # One compose (from the per-group cache, see quartet.config.compose) and one resolve per run; the
-            # resolved run is passed on to the memory estimate and the run id.
-            cfg = compose_run(point, spec, runs_root, extra)
+            composed = expand_branches(composed, branch_mode(spec.branches))
+        except QuartetError as exc:
+            errors.append(f"branches: {_one_line(exc)}")
+    seen: dict[str, str] = {}
+    for point, cfg in composed if not errors else []:
+        try:
+            # One resolve per run: the resolved run is passed on to the memory estimate and the run id.
             res = resolve(cfg)
             resources = resources_for(profile, res.n_params)
             world = max(1, resources.gpus)
@@ -158,21 +178,21 @@ def build_plan(spec: SweepSpec, profile: ClusterProfile, runs_root: Path, extra:
             memory = plan_memory(cfg, res, profile, world)
             rdir = Path(run_dir_of(cfg, res))
             rid = rdir.name
-        except QuartetError as exc:
-            errors.append(f"run [{point.label}]: {_one_line(exc)}")
-            continue
-        except Exception as exc:  # anything else from compose/resolve: still name the run
-            errors.append(f"run [{point.label}]: {type(exc).__name__}: {_one_line(exc)}")
+        except Exception as exc:  # noqa: BLE001 - anything from resolve: still name the run
+            errors.append(_run_error(point, exc))
             continue
         if rid in seen:  # the same experiment twice (e.g. points differing only in logging): run once
             plan.duplicates.append(f"run [{point.label}] = run [{seen[rid]}] (id {rid})")
             continue
         seen[rid] = point.label
         precision = str(cfg.precision.name)
+        start = int(cfg.branch.step or 0)
+        alone = 0.0 if cfg.branch.save_steps else gpu_hours(profile, res.n_params, res.tokens, precision)
         plan.runs.append(
             PlannedRun(point=point, cfg=cfg, run_id=rid, run_dir=Path(rdir), n_params=res.n_params,
                        tokens=res.tokens, steps=res.steps, lr=res.lr, precision=precision, resources=resources,
-                       hours=gpu_hours(profile, res.n_params, res.tokens, precision), memory=memory)
+                       hours=gpu_hours(profile, res.n_params, res.tokens - start * res.tokens_per_step, precision),
+                       memory=memory, start_step=start, hours_alone=alone)
         )
     if errors:
         more = f" (and {len(errors) - 1} more bad run(s))" if len(errors) > 1 else ""
@@ -182,6 +202,12 @@ def build_plan(spec: SweepSpec, profile: ClusterProfile, runs_root: Path, extra:
         for r in plan.runs:
             r.view = runstate.inspect(r.run_dir, queue) if r.run_dir.exists() else None
     return plan
+
+
+def _run_error(point: RunPoint, exc: BaseException) -> str:
+    """One line naming the run and what is wrong with it (non-project errors keep their type name)."""
+    what = _one_line(exc) if isinstance(exc, QuartetError) else f"{type(exc).__name__}: {_one_line(exc)}"
+    return f"run [{point.label}]: {what}"
 
 
 def _progress(points: list, what: str, every_s: float = 5.0):
@@ -318,6 +344,12 @@ def render_plan(plan: Plan, console=None, max_rows: int | None = None) -> None:
         + f" | to submit: {len(plan.pending())} | {dev}-hours: {todo_h:.4g} to run, {total_h:.4g} for the whole sweep"
         + f" | FLOPs total {_si(sum(r.flops for r in plan.runs))}"
     )
+    if any(r.role for r in plan.runs):
+        alone = sum(r.hours_alone or 0.0 for r in plan.runs)
+        console.print(f"budget branches: {sum(r.role == 'trunk' for r in plan.runs)} trunks + "
+                      f"{sum(r.role == 'branch' for r in plan.runs)} branches: {dev}-hours {total_h:.4g} with branches, "
+                      f"{alone:.4g} without (every budget from scratch): {1 - total_h / alone if alone else 0:.0%} "
+                      f"saved (planned, not measured)")
     if prof.kind == "local":
         console.print(f"pool: {describe_local(prof)}")
     if prof.kind == "slurm":

@@ -296,7 +296,7 @@ class RunView:
 
     run_id: str
     run_dir: Path
-    # new | pending | running | completed | preempted | failed | cancelled | corrupt | invalid | stale | unknown
+    # new | pending | running | completed | preempted | failed | cancelled | corrupt | invalid | stale | unknown | waiting
     state: str
     live: bool = False  # a live claim (job queued/running, or a local launcher working on it)
     step: int | None = None
@@ -331,6 +331,7 @@ def inspect(run_dir: Path, queue: dict[str, str] | None = None, reconcile_dead: 
         tokens_per_s=row.get("tokens_per_s"),
         job_id=str(job_id) if job_id else None,
         error=st.get("error"),
+        note=st.get("note") if st.get("state") == "waiting" else None,
     )
     if row.get("step") is not None and (view.step is None or row["step"] > view.step):
         view.step = row["step"]
@@ -377,7 +378,7 @@ def inspect(run_dir: Path, queue: dict[str, str] | None = None, reconcile_dead: 
                 view.note = (f"requeued: job {view.job_id} waits in the queue; state.json still says running "
                              f"(previous attempt, step {view.step or 0})")
             view.state = "pending"
-        elif view.state != "running":
+        elif view.state not in {"running", "waiting"}:  # waiting: a branch held by its launcher until its trunk
             view.state = "pending" if view.job_state is None else "running"
         return view
     # `pending` with its claim released and no trainer ever recorded (pid, host): an interrupted launch released it

@@ -14,6 +14,7 @@ fails at load time)::
     fixed: {data: shakespeare}      # overrides applied to every run
     include: []                     # extra runs: mappings of overrides (on top of `fixed`)
     exclude: []                     # grid points matching ALL key/values of an entry are dropped
+    branches: false                 # true: budgets as decay branches of one WSD trunk (docs/branches.md)
 
 Runs that differ only in precision get identical seeds (``run.seed`` / ``run.data_seed`` are config
 values the grid never derives from the precision), so every comparison against BF16 sees the same
@@ -47,6 +48,9 @@ class SweepSpec:
     exclude: list[Any] = field(default_factory=list)
     #: free-form notes shown by --dry-run (e.g. which points the paper actually ran)
     notes: list[str] = field(default_factory=list)
+    #: budget branches (cluster/branches.py, docs/branches.md): false | true (a WSD trunk per group of runs that
+    #: differ only in budget, a decay branch per budget) | independent (the same WSD runs, each from scratch)
+    branches: Any = False
 
 
 @dataclass(frozen=True)
@@ -126,8 +130,25 @@ def _load_chain(path: Path, sweeps_dir: Path, seen: tuple[str, ...]) -> DictConf
     return doc
 
 
+#: ``branches:`` of a sweep (cluster/branches.py): off | trunk (true) | independent
+MODES = ("off", "trunk", "independent")
+
+
+def branch_mode(value: Any) -> str:
+    """The sweep's ``branches`` value as one of :data:`MODES` (``true`` = trunk, ``false`` / null = off)."""
+    if value is None or value is False:
+        return "off"
+    if value is True:
+        return "trunk"
+    if str(value) in MODES:
+        return str(value)
+    raise ConfigError(f"branches={value!r}: allowed: true (a trunk per group + a decay branch per budget), "
+                      f"independent (the same WSD runs, each from scratch), false")
+
+
 def _check(spec: SweepSpec) -> None:
     check_folder_name("sweep name", spec.name)
+    branch_mode(spec.branches)
     if not spec.axes and not spec.include:
         raise ConfigError(f"sweep {spec.name}: needs at least one axis in 'axes' or one run in 'include'")
     for key, values in spec.axes.items():

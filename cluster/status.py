@@ -17,9 +17,9 @@ from pathlib import Path
 
 from cluster import runstate, slurm
 
-ORDER = ("running", "pending", "unknown", "stale", "preempted", "failed", "cancelled", "corrupt", "invalid", "new",
-         "completed")
-STYLE = {"completed": "green", "running": "cyan", "pending": "blue", "preempted": "yellow",
+ORDER = ("running", "pending", "waiting", "unknown", "stale", "preempted", "failed", "cancelled", "corrupt", "invalid",
+         "new", "completed")
+STYLE = {"completed": "green", "running": "cyan", "pending": "blue", "waiting": "blue", "preempted": "yellow",
          "failed": "red", "cancelled": "magenta", "corrupt": "bold red", "new": "white", "unknown": "bold yellow",
          "stale": "yellow", "invalid": "bold red"}
 #: states after which ``--watch`` keeps refreshing

@@ -79,13 +79,18 @@ def execute_run(run_dir: str | Path, job_id: str | None, on_trainer=None, rank: 
     try:
         from quartet.config import load_config_file
         from quartet.runs import run_dir as run_dir_of
-        from quartet.train import Trainer
+        from quartet.train import BranchWaitingError, Trainer
 
         cfg = load_config_file(run_dir / "config.yaml")
         expected = Path(run_dir_of(cfg)).resolve()
         if expected != run_dir.resolve():
             raise RuntimeError(f"config.yaml in {run_dir} names run dir {expected}; the directory was moved or edited")
-        trainer = Trainer(cfg)
+        try:
+            trainer = Trainer(cfg)
+        except BranchWaitingError as exc:  # a budget branch before its trunk checkpoint: nothing ran, nothing failed
+            if rank == 0:
+                mark_waiting(run_dir, str(exc))
+            return {"state": "waiting", "note": str(exc)}
         if rank == 0:
             # recorded once the trainer holds the run lock: a duplicate that is refused writes nothing
             trainer.on_start.append(lambda _t: runstate.write_state(run_dir, state="running", job_id=job_id,
@@ -103,6 +108,11 @@ def execute_run(run_dir: str | Path, job_id: str | None, on_trainer=None, rank: 
     if done is not None:
         return done
     return dict(result or {}, state=(runstate.read_json(run_dir / runstate.STATE) or {}).get("state", "preempted"))
+
+
+def mark_waiting(run_dir: Path, why: str) -> None:
+    """state.json: "waiting" (a budget branch whose trunk checkpoint is not there yet; a relaunch starts it)."""
+    runstate.write_state(Path(run_dir), state="waiting", note=why, error=None)
 
 
 class RunTask(submitit.helpers.Checkpointable):

@@ -101,8 +101,9 @@ def root_os_error(exc: BaseException) -> OSError | None:
     return found
 
 
-def save_atomic(obj, path: str | Path) -> Path:
-    """Save ``obj`` to ``path`` with a checksum header; the old ``path`` becomes ``prev.pt`` (module docstring)."""
+def save_atomic(obj, path: str | Path, keep_prev: bool = True) -> Path:
+    """Save ``obj`` to ``path`` with a checksum header; the old ``path`` becomes ``prev.pt`` (module docstring), or is
+    replaced with ``keep_prev=False`` (a file that is never rotated, e.g. a trunk's ``branch_<step>.pt``)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
@@ -124,7 +125,7 @@ def save_atomic(obj, path: str | Path) -> Path:
             # one error, the file system's, instead of a chain of three
             raise cause from None
         raise
-    if path.is_file():
+    if keep_prev and path.is_file():
         os.replace(path, prev_path(path))
     os.replace(tmp, path)
     _fsync_dir(path.parent)

@@ -135,6 +135,13 @@ class OptimConfig:
     div_factor: float = 100.0
     #: the end LR is lr / end_div (the paper: lr / 10)
     end_div: float = 10.0
+    #: cosine (the paper's OneCycle-cosine) | wsd (warm-up, constant LR, then a 1-sqrt decay to lr / end_div over the
+    #: last decay_fraction of the updates; docs/training.md)
+    schedule: str = "cosine"
+    #: schedule=wsd: the last floor(decay_fraction * steps + 1/2) updates decay (0 = no decay: a budget-branch trunk)
+    decay_fraction: float = 0.2
+    #: warm-up updates; null = the warmup_fraction rule (budget branches set it: every budget shares its trunk's)
+    warmup_steps: Optional[int] = None
 
 
 @dataclass
@@ -195,6 +202,17 @@ class RunConfig:
 
 
 @dataclass
+class BranchConfig:
+    """Budget branches (docs/branches.md): written by a sweep with ``branches: true``, never by hand."""
+
+    #: a trunk: the steps after which ``ckpt/branch_<step>.pt`` is kept (each budget's decay start)
+    save_steps: list[int] = field(default_factory=list)
+    #: a branch: its trunk's run id (a folder beside this run's) and the step its decay starts from
+    trunk: Optional[str] = None
+    step: Optional[int] = None
+
+
+@dataclass
 class DerivedConfig:
     """Filled by :func:`resolve`; never set by hand (a mismatching value is an error)."""
 
@@ -212,6 +230,8 @@ class DerivedConfig:
     tokens: Optional[int] = None
     steps: Optional[int] = None
     warmup_steps: Optional[int] = None
+    #: schedule=wsd: index of the first decaying update (null for cosine)
+    decay_start: Optional[int] = None
     token_dtype: Optional[str] = None
 
 
@@ -224,6 +244,7 @@ class TrainConfig:
     optim: OptimConfig = MISSING
     logging: LoggingConfig = MISSING
     run: RunConfig = field(default_factory=RunConfig)
+    branch: BranchConfig = field(default_factory=BranchConfig)
     derived: DerivedConfig = field(default_factory=DerivedConfig)
     #: cluster-side settings (owned by cluster/); free-form here so train runs without them
     cluster: Optional[Any] = None
@@ -261,7 +282,7 @@ def group_options(group: str, conf_dir: Path | None = None) -> list[str]:
 def _keys_of(dotted_parent: str) -> list[str]:
     schemas = {"": TrainConfig, "model": ModelConfig, "precision": PrecisionConfig, "budget": BudgetConfig,
                "data": DataConfig, "optim": OptimConfig, "logging": LoggingConfig, "logging.wandb": WandbConfig,
-               "run": RunConfig, "derived": DerivedConfig}
+               "run": RunConfig, "branch": BranchConfig, "derived": DerivedConfig}
     schema = schemas.get(dotted_parent)
     return list(OmegaConf.structured(schema).keys()) if schema is not None else []
 
@@ -597,6 +618,7 @@ class ResolvedRun:
     steps: int
     warmup_steps: int
     token_dtype: str
+    decay_start: Optional[int] = None
 
     def derived(self) -> dict:
         """The derived values as a plain dict (what ``cfg.derived`` holds)."""
@@ -629,6 +651,49 @@ def _micro_batch(batch: int, micro_batch_size, world_size: int) -> int:
     _require(batch % (micro * world_size) == 0,
              f"optim.batch_size={batch} is not divisible by optim.micro_batch_size={micro} x world size {world_size}")
     return micro
+
+
+#: LR schedules a run may ask for (optim.schedule)
+SCHEDULES = ("cosine", "wsd")
+
+
+def wsd_decay_start(steps: int, decay_fraction: float) -> int:
+    """Index of the first decaying update of a WSD run of ``steps`` updates: ``steps - floor(f * steps + 1/2)``."""
+    return steps - int(math.floor(float(decay_fraction) * steps + 0.5))
+
+
+def _decay_start(o, steps: int, warmup: int) -> Optional[int]:
+    """optim.schedule / decay_fraction checked; the first decaying update of a WSD run (None for cosine)."""
+    schedule = str(o.get("schedule", "cosine"))
+    _require(schedule in SCHEDULES, f"optim.schedule={schedule!r}: allowed: {', '.join(SCHEDULES)}")
+    if schedule != "wsd":
+        return None
+    f = float(o.decay_fraction)
+    _require(0 <= f < 1, f"optim.decay_fraction={f}: allowed 0 <= f < 1")
+    start = wsd_decay_start(steps, f)
+    _require(warmup <= start, f"optim.decay_fraction={f}: the decay (from update {start}) would start inside the "
+             f"warm-up ({warmup} updates); lower it or the warm-up")
+    return start
+
+
+def _check_branch(b, o, steps: int, warmup: int, decay_start: Optional[int]) -> None:
+    """branch.*: a trunk's save steps lie on its constant-LR plateau; a branch decays from its branch step."""
+    if b is None:
+        return
+    save = [int(s) for s in (b.get("save_steps") or [])]
+    is_branch = b.get("trunk") is not None or b.get("step") is not None
+    if not save and not is_branch:
+        return
+    _require(str(o.get("schedule")) == "wsd", "branch.*: budget branches need optim.schedule=wsd")
+    _require(not (save and is_branch), "branch: a run is a trunk (branch.save_steps) or a branch (branch.trunk), "
+             "not both")
+    if save:
+        _require(all(warmup <= s <= decay_start for s in save), f"branch.save_steps={save}: each must lie between "
+                 f"the warm-up ({warmup}) and the decay start ({decay_start})")
+    else:
+        _require(b.get("trunk") is not None and b.get("step") is not None,
+                 "branch: a branch needs both branch.trunk (the trunk's run id) and branch.step")
+        _require(int(b.step) == decay_start, f"branch.step={b.step}: must be this run's decay start ({decay_start})")
 
 
 def resolve(cfg: DictConfig, world_size: int = 1) -> ResolvedRun:
@@ -678,6 +743,11 @@ def resolve(cfg: DictConfig, world_size: int = 1) -> ResolvedRun:
     _require(0 <= float(o.warmup_fraction) < 1, f"optim.warmup_fraction={o.warmup_fraction}: allowed 0 <= f < 1")
     # The paper's code: WARMUP = ITERATIONS / 10 with integer division.
     warmup = steps // 10 if float(o.warmup_fraction) == 0.1 else int(steps * float(o.warmup_fraction))
+    if o.get("warmup_steps") is not None:
+        warmup = int(o.warmup_steps)
+        _require(0 <= warmup <= steps, f"optim.warmup_steps={warmup}: allowed 0 ... steps ({steps}), or null")
+    decay_start = _decay_start(o, steps, warmup)
+    _check_branch(cfg.get("branch"), o, steps, warmup, decay_start)
     for key, value, allowed in (("run.device", r.device, ("auto", "cpu", "cuda")),
                                 ("logging.wandb.mode", cfg.logging.wandb.mode, ("offline", "online", "disabled")),
                                 ("data.source", d.source, ("shakespeare", "files", "code", "hf")),
@@ -700,7 +770,8 @@ def resolve(cfg: DictConfig, world_size: int = 1) -> ResolvedRun:
     res = ResolvedRun(cfg=cfg, n_params=n_params, n_params_total=n_total, nominal_params=float(m.nominal_params),
                       vocab_size=vocab, ffn_hidden=ffn_hidden(m.d_model, m.ffn_multiple_of), lr=lr, batch_size=batch,
                       micro_batch_size=micro, seq_len=seq, tokens_per_step=per_step, budget_tokens=budget_tokens,
-                      tokens=steps * per_step, steps=steps, warmup_steps=warmup, token_dtype=token_dtype)
+                      tokens=steps * per_step, steps=steps, warmup_steps=warmup, token_dtype=token_dtype,
+                      decay_start=decay_start)
     derived = res.derived()
     # micro_batch_size depends on the world size and is no part of the run's meaning: not checked on replay.
     for key, value in derived.items():

@@ -381,13 +381,17 @@ def make_summary(cfg: DictConfig, res, *, run_id: str, config_hash: str, manifes
                  world_size: int, plan, val_loss: float, train_loss: float, elapsed: float) -> dict:
     """summary.json of a completed run (keys in docs/ARCHITECTURE.md); ``res`` is the run's ResolvedRun."""
     r = res
-    return {
+    node = cfg.get("branch")
+    branch = {k: v for k, v in (OmegaConf.to_container(node) if node is not None else {}).items() if v not in (None, [])}
+    # a budget branch trained only the updates after its branch step: its throughput is theirs
+    trained = r.tokens - int(branch.get("step") or 0) * r.tokens_per_step
+    out = {
         "run_id": run_id, "name": str(cfg.run.name), "model": str(cfg.model.name), "n_params": r.n_params,
         "n_params_total": r.n_params_total, "nominal_params": r.nominal_params, "tokens": r.tokens,
         "tokens_per_param": r.tokens / r.nominal_params, "steps": r.steps, "precision": str(cfg.precision.name),
         "forward": str(cfg.precision.forward), "backward": str(cfg.precision.backward), "seed": int(cfg.run.seed),
         "val_loss": val_loss, "train_loss": train_loss, "wall_clock_s": elapsed,
-        "tokens_per_s": (r.tokens / elapsed) if elapsed > 0 else None, "lr": r.lr, "batch_size": r.batch_size,
+        "tokens_per_s": (trained / elapsed) if elapsed > 0 else None, "lr": r.lr, "batch_size": r.batch_size,
         "seq_len": r.seq_len, "data": str(cfg.data.name), "finished_at": _now(), "config_hash": config_hash,
         "data_identity": data_identity(manifest),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
@@ -395,6 +399,9 @@ def make_summary(cfg: DictConfig, res, *, run_id: str, config_hash: str, manifes
         "compile_mode": str(cfg.run.compile_mode) if bool(cfg.run.compile) else None,
         "implementation": plan.implementation, "traceable": plan.traceable,
     }
+    if branch:  # a trunk (its save steps: analysis leaves it out of fits) or a branch (its trunk and branch step)
+        out["branch"] = {"role": "branch" if branch.get("trunk") else "trunk", **branch}
+    return out
 
 
 def diagnose_non_finite(model: torch.nn.Module, optimizer: torch.optim.Optimizer, quant, autocast,

@@ -55,10 +55,20 @@ def semantic_config(cfg: DictConfig, res=None) -> dict:
         precision.pop("keep_bf16", None)
     optim = {k: v for k, v in c["optim"].items() if k not in ("name", "lr", "batch_size", "micro_batch_size")}
     optim.update(lr=res.lr, batch_size=res.batch_size)
+    # newer than the run-id scheme: part of the identity only when set away from the paper's cosine
+    if optim.get("schedule", "cosine") == "cosine":
+        optim.pop("schedule", None)
+        optim.pop("decay_fraction", None)
+    if optim.get("warmup_steps") is None:
+        optim.pop("warmup_steps", None)
     data = {k: c["data"].get(k) for k in FORMAT1_IDENTITY_KEYS}
     data.update(_newer_data_identity(c["data"]))
-    return {"model": model, "budget_tokens": res.budget_tokens, "steps": res.steps, "precision": precision,
-            "data": data, "optim": optim, "seed": c["run"]["seed"], "data_seed": c["run"]["data_seed"]}
+    out = {"model": model, "budget_tokens": res.budget_tokens, "steps": res.steps, "precision": precision,
+           "data": data, "optim": optim, "seed": c["run"]["seed"], "data_seed": c["run"]["data_seed"]}
+    branch = {k: v for k, v in (c.get("branch") or {}).items() if v not in (None, [])}
+    if branch:  # a budget-branch trunk (its save steps) or branch (its trunk and branch step)
+        out["branch"] = branch
+    return out
 
 
 def config_hash(cfg: DictConfig, res=None) -> str:
@@ -75,8 +85,10 @@ def _human(n: float) -> str:
 
 
 def budget_label(cfg: DictConfig) -> str:
-    """``dn25`` for a tokens-per-parameter budget, ``t10M`` for an absolute one."""
+    """``dn25`` for a tokens-per-parameter budget, ``t10M`` for an absolute one, ``trunk10M`` for a trunk."""
     b = cfg.budget
+    if (cfg.get("branch") or {}).get("save_steps"):  # a budget-branch trunk: trained to its last branch point
+        return f"trunk{_human(float(b.tokens))}"
     if b.tokens_per_param is not None:
         return f"dn{float(b.tokens_per_param):g}"
     return f"t{_human(float(b.tokens))}"

@@ -26,6 +26,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -70,6 +71,33 @@ def lr_at(t: int, *, lr: float, steps: int, warmup: int, div_factor: float = 100
     return _cos_anneal(lr, end, min(max((t - e1) / (e2 - e1), 0.0), 1.0))
 
 
+def wsd_lr_at(t: int, *, lr: float, steps: int, warmup: int, decay_start: int, div_factor: float = 100.0,
+              end_div: float = 10.0) -> float:
+    """LR of update ``t`` under warm-up-stable-decay (``optim.schedule=wsd``; docs/training.md).
+
+    Warm-up as :func:`lr_at` (cosine-shaped from ``lr/div_factor`` to ``lr`` at ``warmup - 1``), then ``lr`` up to
+    ``decay_start - 1``, then the 1-sqrt decay (Hägele et al. 2024) ``end + (lr - end) * (1 - sqrt(p))`` with
+    ``end = lr/end_div`` and ``p = (t - decay_start + 1) / (steps - decay_start)``, so the last update has
+    ``lr/end_div``. Nothing before ``decay_start`` depends on ``steps``: runs of every budget share their LR up
+    to their decay, which is what lets a budget branch start from a trunk's checkpoint.
+    """
+    if warmup >= 2 and t <= warmup - 1:
+        return _cos_anneal(lr / div_factor, lr, t / (warmup - 1.0))
+    if t < decay_start or steps <= decay_start:
+        return lr
+    end = lr / end_div
+    return end + (lr - end) * (1.0 - math.sqrt(min((t - decay_start + 1) / (steps - decay_start), 1.0)))
+
+
+def schedule_of(res: ResolvedRun, optim) -> Callable[[int], float]:
+    """``t -> LR`` of the run's ``optim.schedule`` (cosine: :func:`lr_at`; wsd: :func:`wsd_lr_at`)."""
+    kw = {"lr": res.lr, "steps": res.steps, "warmup": res.warmup_steps, "div_factor": float(optim.div_factor),
+          "end_div": float(optim.end_div)}
+    if res.decay_start is not None:
+        return lambda t: wsd_lr_at(t, decay_start=res.decay_start, **kw)
+    return lambda t: lr_at(t, **kw)
+
+
 def param_groups(model: torch.nn.Module, decay_ids: set[int], weight_decay: float) -> list[dict]:
     """Two AdamW groups: weight decay on block-linear weights only; norms, embeddings, lm_head undecayed."""
     decay, no_decay = [], []
@@ -82,6 +110,24 @@ def param_groups(model: torch.nn.Module, decay_ids: set[int], weight_decay: floa
 # ----------------------------------------------------------------------------------------------
 # Trainer
 # ----------------------------------------------------------------------------------------------
+
+
+class BranchWaitingError(QuartetError):
+    """A budget branch whose trunk has not yet saved the checkpoint it starts from (one-line message)."""
+
+
+def branch_checkpoint(trunk_dir: Path, step: int) -> Path:
+    """``<trunk>/ckpt/branch_<step>.pt``: the trunk's state after update ``step``, kept for a budget branch."""
+    return Path(trunk_dir) / "ckpt" / f"branch_{int(step)}.pt"
+
+
+def branch_source(cfg: DictConfig, own_dir: Path) -> Path | None:
+    """The trunk checkpoint a budget branch starts from (its trunk is a folder beside ``own_dir``); None when
+    ``cfg`` is not a branch."""
+    b = cfg.get("branch")
+    if b is None or b.get("trunk") is None:
+        return None
+    return branch_checkpoint(Path(own_dir).parent / str(b.trunk), int(b.step))
 
 
 class RunDirMovedError(QuartetError):
@@ -146,6 +192,11 @@ class Trainer:
         #: the run directory's files other than checkpoints (state, metrics, summary, logs, wandb)
         self.record = RunRecorder(self.dir, self.run_id, self.res.steps, self.is_main)
         self.log = self.record.log
+        #: budget branches (docs/branches.md): a trunk keeps ckpt/branch_<step>.pt at these steps; a branch starts
+        #: from its trunk's (branch_src) unless it has a checkpoint of its own
+        self.save_steps = {int(x) for x in (cfg.get("branch") or {}).get("save_steps") or []}
+        self.branch_src = branch_source(cfg, self.dir)
+        self._check_branch_ready()
 
         progress = bool(cfg.logging.progress) and self.is_main
         self.data = open_data(cfg.data, progress=progress and sys.stderr.isatty())
@@ -174,10 +225,8 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(param_groups(self.model, decay_ids, float(o.weight_decay)), lr=self.res.lr,
                                            betas=(float(o.beta1), float(o.beta2)), eps=float(o.eps), **fused)
         r = self.res
-        div, end_div = float(o.div_factor), float(o.end_div)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda t: lr_at(t, lr=r.lr, steps=r.steps, warmup=r.warmup_steps, div_factor=div,
-                                            end_div=end_div) / r.lr)
+        lr_of = schedule_of(r, o)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda t: lr_of(t) / r.lr)
         self.train_model = self._compiled(self.train_model)
         #: the compiled step is replayed as CUDA graphs (run.compile_mode=reduce-overhead)
         self.cuda_graphs = bool(cfg.run.compile) and str(cfg.run.compile_mode) == "reduce-overhead"
@@ -186,6 +235,20 @@ class Trainer:
             torch.backends.cudnn.allow_tf32 = True
         self.amp = self.device.type == "cuda" and bool(cfg.run.amp)
         self.accum = r.accum_steps(self.dist.world_size)
+
+    def _check_branch_ready(self) -> None:
+        """A branch without a checkpoint of its own whose trunk checkpoint is not there yet raises
+        :class:`BranchWaitingError` before anything is written (a completed branch needs its trunk no more)."""
+        if (self.save_steps or self.branch_src is not None) and self.parallel == "fsdp":
+            from quartet.errors import ConfigError
+
+            raise ConfigError("budget branches keep one-file checkpoints: they need run.parallel=ddp, not fsdp")
+        if self.branch_src is None or (self.dir / "summary.json").exists() or ckpt_io.exists(self.ckpt_path):
+            return
+        if not self.branch_src.is_file():
+            b = self.cfg.branch
+            raise BranchWaitingError(f"branch {self.run_id} waits for its trunk {b.trunk} to save step {b.step} "
+                                     f"({self.branch_src} is not there yet); launch it again once the trunk got there")
 
     def _compiled(self, module: torch.nn.Module) -> torch.nn.Module:
         """The module the step runs, compiled when run.compile (after DDP / FSDP2 wrapping, quartet.parallel.wrap)."""
@@ -205,22 +268,35 @@ class Trainer:
         """ckpt/last.pt, or the folder ckpt/last of a sharded (FSDP) checkpoint."""
         return self.dir / "ckpt" / ("last" if self.parallel == "fsdp" else "last.pt")
 
+    def _state(self) -> dict:
+        """What a checkpoint holds besides model and optimizer (step, scheduler, sampler, RNG, wall time)."""
+        return {
+            "step": self.step, "run_id": self.run_id, "config_hash": self.config_hash,
+            "scheduler": self.scheduler.state_dict(), "sampler": self.sampler.state_dict(),
+            "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
+                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
+            "elapsed_s": self.elapsed_prev + (time.time() - self._t_start if hasattr(self, "_t_start") else 0.0),
+        }
+
     def save_checkpoint(self) -> None:
         """Write ckpt/last.pt atomically with a checksum, the old one kept as ckpt/prev.pt (rank 0; all ranks wait);
         under FSDP every rank writes its shards into the folder ckpt/last (old one: ckpt/prev)."""
         if self.is_main or self.parallel == "fsdp":
-            state = {
-                "step": self.step, "run_id": self.run_id, "config_hash": self.config_hash,
-                "scheduler": self.scheduler.state_dict(), "sampler": self.sampler.state_dict(),
-                "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
-                        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
-                "elapsed_s": self.elapsed_prev + (time.time() - self._t_start if hasattr(self, "_t_start") else 0.0),
-            }
+            state = self._state()
             if self.parallel == "fsdp":  # collective: every rank writes its shards
                 ckpt_io.save_sharded(self.model, self.optimizer, state, self.ckpt_path)
             else:
                 ckpt_io.save_atomic({**state, "model": self.model.state_dict(),
                                      "optimizer": self.optimizer.state_dict()}, self.ckpt_path)
+        qdist.barrier(self.dist)
+
+    def save_branch_point(self) -> None:
+        """A trunk keeps its state after this update as ckpt/branch_<step>.pt: atomic and checksummed like last.pt,
+        never rotated (a resumed trunk that passes the step again writes the same state again)."""
+        if self.is_main:
+            ckpt_io.save_atomic({**self._state(), "model": self.model.state_dict(),
+                                 "optimizer": self.optimizer.state_dict()},
+                                branch_checkpoint(self.dir, self.step), keep_prev=False)
         qdist.barrier(self.dist)
 
     def _check_ckpt_kind(self) -> None:
@@ -243,6 +319,30 @@ class Trainer:
         if state.get("config_hash") != self.config_hash:
             raise QuartetError(f"checkpoint {path} belongs to another config (hash "
                                f"{str(state.get('config_hash'))[:8]} != {self.config_hash[:8]}); move it away")
+        self._restore(state)
+        self.elapsed_prev = float(state.get("elapsed_s", 0.0))
+
+    def _start_branch(self) -> None:
+        """A budget branch's first start: its trunk's state at the branch step (model, optimizer, data position, RNG),
+        the LR of its next update from this run's own schedule (the trunk's scheduler set the plateau's), and the
+        trunk's metrics up to the branch step as the start of its own (docs/branches.md)."""
+        import shutil
+
+        b, path = self.cfg.branch, self.branch_src
+        state = ckpt_io.load(path, map_location=self.device, warn=self.log.warning if self.is_main else None)
+        if state.get("run_id") != str(b.trunk) or int(state.get("step", -1)) != int(b.step):
+            raise QuartetError(f"{path} is run {state.get('run_id')} at step {state.get('step')}, not trunk {b.trunk} "
+                               f"at step {b.step}; move it away")
+        self._restore(state)
+        for group, base in zip(self.optimizer.param_groups, self.scheduler.base_lrs):
+            group["lr"] = base * self.scheduler.lr_lambdas[0](self.step)
+        self.elapsed_prev = 0.0  # a branch's wall time is its own decay's
+        trunk_metrics = path.parent.parent / "metrics.jsonl"
+        if self.is_main and trunk_metrics.is_file():  # begin() drops its rows past the branch step
+            shutil.copyfile(trunk_metrics, self.dir / "metrics.jsonl")
+
+    def _restore(self, state: dict) -> None:
+        """Model (unless FSDP restored it in place), optimizer, scheduler, sampler, RNG and step from ``state``."""
         if self.parallel != "fsdp":  # the sharded load restored model and optimizer in place
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
@@ -257,7 +357,6 @@ class Trainer:
             # each saw 2 GPUs, resumed on 1) restores those it has (torch would raise IndexError for the others)
             torch.cuda.set_rng_state_all([s.cpu() for s in rng["cuda"]][:torch.cuda.device_count()])
         self.step = int(state["step"])
-        self.elapsed_prev = float(state.get("elapsed_s", 0.0))
 
     # -- evaluation --------------------------------------------------------------------------
     def _autocast(self):
@@ -439,6 +538,12 @@ class Trainer:
                 self._load_checkpoint()
                 resuming = False
                 self.log.info("resuming %s from step %d/%d", self.run_id, self.step, self.res.steps)
+            elif self.branch_src is not None:
+                resuming = True
+                self._start_branch()
+                resuming = False
+                self.log.info("branching %s from trunk %s at step %d/%d", self.run_id, self.cfg.branch.trunk,
+                              self.step, self.res.steps)
             self.record.begin(self.step, self.cfg.logging.wandb, {**to_container(self.cfg), "run_id": self.run_id})
             r = self.res
             self.log.info("run %s -> %s", self.run_id, self.dir)
@@ -485,6 +590,8 @@ class Trainer:
                 if self.is_main:
                     for fn in self.callbacks:
                         fn(self, {"step": s, "loss": loss_v, "grad_norm": gn_v, "lr": lr})
+                if s in self.save_steps:
+                    self.save_branch_point()
                 if int(lcfg.ckpt_every) > 0 and s % int(lcfg.ckpt_every) == 0 and s != r.steps:
                     self._raise_if_moved(self._dir_moved())
                     self.save_checkpoint()

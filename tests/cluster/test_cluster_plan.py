@@ -366,7 +366,7 @@ def test_status_of_a_misspelled_sweep_suggests_commands_that_work(tmp_path, caps
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "no sweep 'ss'" in err
     assert f"`quartet status NAME --runs-dir {runs}` shows one of: s;" in err
-    assert "launches one of: demo, " in err and "smoke" in err
+    assert "launches one of: branches_ladder, branches_ladder_independent, demo, " in err and "smoke" in err
     assert status_main(["s", "--runs-dir", str(runs)]) == 0  # the suggested status works
     capsys.readouterr()
     # a real sweep without runs yet: the suggested launch names the same runs folder
