@@ -184,9 +184,17 @@ def _holders(root: Path) -> list[Path]:
     return [p for p in root.glob("fi/*") if p.is_dir() and holder(p) is not None]
 
 
-def launcher_kill(out: Path, tokens: tuple[int, int], delay: float, tally: Tally, refs: dict) -> None:
-    """kill -9 of a local sweep's launcher ``delay`` s after it starts (0: before any worker trained), then
-    relaunch until it returns 0; every run against the uninterrupted sweep's."""
+def _line_count(path: Path) -> int:
+    try:
+        return sum(1 for _ in path.open())
+    except OSError:
+        return 0
+
+
+def launcher_kill(out: Path, tokens: tuple[int, int], delay: float | str, tally: Tally, refs: dict) -> None:
+    """kill -9 of a local sweep's launcher ``delay`` s after it starts (0.3: before any worker trained), or once a
+    worker has logged three steps (``"mid"``: mid-training on any machine), then relaunch until it returns 0; every
+    run against the uninterrupted sweep's."""
     spec = out / "fi.yaml"
     spec.write_text(SWEEP.format(a=tokens[0], b=tokens[1]))
     if not refs:
@@ -195,10 +203,15 @@ def launcher_kill(out: Path, tokens: tuple[int, int], delay: float, tally: Tally
         if res.returncode != 0:
             raise RuntimeError(f"reference sweep failed: {res.stderr[-1000:]}")
         refs.update({p.name: _curve(p) for p in (ref_root / "fi").iterdir() if (p / "summary.json").is_file()})
-    root = out / f"sweep-kill-{delay:g}"
+    root = out / f"sweep-kill-{delay}"
     proc = subprocess.Popen([sys.executable, "-m", "quartet.cli", "sweep", str(spec), "--runs-dir", str(root)],
                             cwd=REPO, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(delay)
+    if delay == "mid":  # as soon as a worker has trained a few steps, whatever the machine's speed
+        deadline = time.time() + 120
+        while time.time() < deadline and not any(_line_count(m) >= 3 for m in root.glob("fi/*/metrics.jsonl")):
+            time.sleep(0.05)
+    else:
+        time.sleep(float(delay))
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     deadline = time.time() + 180  # its workers checkpoint and exit by themselves
@@ -214,7 +227,8 @@ def launcher_kill(out: Path, tokens: tuple[int, int], delay: float, tally: Tally
             break
     for name, ref in sorted(refs.items()):
         d = root / "fi" / name
-        tally.judge(f"launcher kill -9 at {delay:g}s: {name[:22]}", d, ref, True,
+        when = "mid-training" if delay == "mid" else f"{float(delay):g}s"
+        tally.judge(f"launcher kill -9 at {when}: {name[:22]}", d, ref, True,
                     f"(status after the kill: {states.get(name, '-')})" if states else "")
 
 
@@ -222,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repeats", type=int, default=2, help="trials per single-run scenario (default 2)")
     p.add_argument("--steps", type=int, default=200, help="steps of the single-run scenarios (default 200)")
-    p.add_argument("--sweep-kills", default="0.3,12", help="seconds after launch at which the launcher is killed")
+    p.add_argument("--sweep-kills", default="0.3,mid",
+                   help="when the launcher is killed: seconds after launch, or 'mid' (once a worker has trained 3 steps)")
     p.add_argument("--out", type=Path, default=None, help="working folder (default: a temporary one, removed)")
     p.add_argument("--keep", action="store_true", help="keep the working folder")
     args = p.parse_args(argv)
@@ -245,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
             moved_while_training(out, base, ref, max(3, int(args.steps * (0.3 + 0.4 * i / max(1, args.repeats)))),
                                  tally)
         refs: dict = {}
-        for delay in (float(x) for x in args.sweep_kills.split(",") if x.strip()):
+        for delay in (x.strip() if x.strip() == "mid" else float(x) for x in args.sweep_kills.split(",") if x.strip()):
             launcher_kill(out, (2048, 4096), delay, tally, refs)
     finally:
         if not args.keep and args.out is None:
