@@ -105,7 +105,9 @@ def save_atomic(obj, path: str | Path, keep_prev: bool = True) -> Path:
     """Save ``obj`` to ``path`` with a checksum header; the old ``path`` becomes ``prev.pt`` (module docstring), or is
     replaced with ``keep_prev=False`` (a file that is never rotated, e.g. a trunk's ``branch_<step>.pt``)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    # the checkpoint folder only, never its parents: a run directory moved away mid-write must not be recreated
+    # empty at its old path (the trainer then stops with the move's one line instead)
+    path.parent.mkdir(exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     try:
         with open(tmp, "wb") as fh:

@@ -254,9 +254,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"fault_inject: the reference run failed: {res.stderr[-1000:]}", file=sys.stderr)
             return 1
         ref = _curve(_run_dir(ref_over))
-        for i in range(args.repeats):
-            kill_inside_checkpoint(out, base, ref, 2 + 3 * i, tally)
-            full_disk(out, base, ref, 3 + 2 * i, tally)
+        writes = (args.steps - 1) // every + 1  # checkpoint writes of a run: every `every` steps, and the last
+        for i in range(args.repeats):  # a fault armed past the last write would never fire: clamp it
+            kill_inside_checkpoint(out, base, ref, min(2 + 3 * i, writes), tally)
+            full_disk(out, base, ref, min(3 + 2 * i, writes), tally)
             moved_while_training(out, base, ref, max(3, int(args.steps * (0.3 + 0.4 * i / max(1, args.repeats)))),
                                  tally)
         refs: dict = {}
