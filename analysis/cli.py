@@ -86,8 +86,7 @@ def _iv(iv, fmt="{:.4g}"):
 def _headline_reading(h: dict) -> str:
     """The headline's qualifiers in a few words: the fit's flag and which intervals include 1."""
     parts = [f"not a finding ({h['caveat'].split(':')[0]})"] if h.get("caveat") else []
-    note = h.get("note") or ""
-    parts += [f"{e} interval includes 1" for e in ("effN", "effD") if f"{e}'s 95% interval" in note]
+    parts += [f"{e} interval includes 1" for e in h.get("includes_one", ())]
     return "; ".join(parts) or "finding"
 
 

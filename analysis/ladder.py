@@ -115,8 +115,8 @@ def cell_gaps(df: pd.DataFrame, base: str = "bf16", noise: pd.DataFrame | None =
         rows.append({"model": model, "n_params": n, "tokens": d, "tokens_per_param": round(d / n, 2), "precision": prec,
                      "seeds": int(grp["seed"].nunique()), "base_loss": float(grp["base_loss"].mean()),
                      "loss": float(grp["loss"].mean()), "gap": gap, "noise_sd": sd, "noise_from": where,
-                     "margin": gap - sd, "ratio": gap / sd if sd > 0 else (np.nan if sd != sd else np.inf),
-                     "verdict": ("noise not measured" if sd != sd else "above noise" if gap > sd
+                     "margin": gap - sd, "ratio": np.nan if np.isnan(sd) else gap / sd if sd > 0 else np.inf,
+                     "verdict": ("noise not measured" if np.isnan(sd) else "above noise" if gap > sd
                                  else "below noise" if gap < -sd else "within noise")})
     return pd.DataFrame(rows).sort_values(["precision", "n_params", "tokens"]).reset_index(drop=True)
 

@@ -314,13 +314,19 @@ def _interval_checks(base: BaseFit, effs: list, base_int: dict, eff_int: dict, m
     return base, out
 
 
+def _terms_including_one(e: EffFit, ints: dict) -> list[str]:
+    """The fitted efficiencies ("effN", "effD") whose 95% interval includes 1."""
+    return [name for k, name, fits in (("eff_n", "effN", e.fits_n), ("eff_d", "effD", e.fits_d))
+            if fits and k in ints and ints[k][0] <= 1.0 <= ints[k][1]]
+
+
 def _includes_one(e: EffFit, ints: dict) -> str | None:
     """The headline's note when a fitted efficiency's 95% interval includes 1: that cost is not measurable here."""
-    parts = [f"{name}'s 95% interval [{ints[k][0]:.3g}, {ints[k][1]:.3g}] includes 1"
-             for k, name, fits in (("eff_n", "effN", e.fits_n), ("eff_d", "effD", e.fits_d))
-             if fits and k in ints and ints[k][0] <= 1.0 <= ints[k][1]]
-    if not parts:
+    names = _terms_including_one(e, ints)
+    if not names:
         return None
+    key = {"effN": "eff_n", "effD": "eff_d"}
+    parts = [f"{n}'s 95% interval [{ints[key[n]][0]:.3g}, {ints[key[n]][1]:.3g}] includes 1" for n in names]
     return "; ".join(parts) + " (no measurable cost at this scale" + (")" if len(parts) == int(e.fits_n) + int(e.fits_d)
                                                                        else " in that term)")
 
@@ -531,7 +537,8 @@ def fit_all(df: pd.DataFrame, law: str = "busbridge", *, bootstrap: int = 0, see
         at_ratio = float(f"{med:.1g}")  # a round number inside the data (the paper's grid: 98 -> 100)
     heads = tuple(headline(e.scheme, base.params, e.eff_n, e.eff_d, ref_n, at_ratio,
                            caveat=None if e.status == "converged" else f"{e.status}: {e.message}",
-                           note=_includes_one(e, eff_int.get(e.scheme, {})))
+                           note=_includes_one(e, eff_int.get(e.scheme, {})),
+                           includes_one=_terms_including_one(e, eff_int.get(e.scheme, {})))
                   for e in effs if np.isfinite(e.eff_n) and np.isfinite(e.eff_d))
     provenance = {
         "input": prov_in or {"kind": "dataframe", "run_ids": sorted(df["run_id"].astype(str))},

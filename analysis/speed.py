@@ -183,11 +183,12 @@ def breakeven_speedup(params: dict, eff_n: float, eff_d: float, n, d) -> np.ndar
 
 
 def headline(scheme: str, params: dict, eff_n: float, eff_d: float, n: float, ratio: float,
-             caveat: str | None = None, note: str | None = None) -> dict:
+             caveat: str | None = None, note: str | None = None, includes_one=()) -> dict:
     """The user's headline for one precision: % of effective N and D lost, and the break-even speedup.
 
     ``caveat`` (the fit's status and reason when it is not ``converged``) is prefixed, so an unreliable fit
-    never reads as a finding; ``note`` (e.g. an interval that includes 1) is appended in the same sentence."""
+    never reads as a finding; ``note`` (e.g. an interval that includes 1) is appended in the same sentence;
+    ``includes_one`` names the efficiencies ("effN", "effD") whose interval includes 1, for tables."""
     z = float(breakeven_speedup(params, eff_n, eff_d, n, n * ratio))
     lost_n, lost_d = 100.0 * (1.0 - eff_n), 100.0 * (1.0 - eff_d)
     verb_n, verb_d = ("costs" if lost_n >= 0 else "gains"), ("costs" if lost_d >= 0 else "gains")
@@ -202,4 +203,5 @@ def headline(scheme: str, params: dict, eff_n: float, eff_d: float, n: float, ra
     if caveat:
         text = f"NOT A FINDING ({caveat.split(':')[0]}; see the fit status): {text}"
     return {"scheme": scheme, "lost_params_pct": lost_n, "lost_data_pct": lost_d, "breakeven_speedup": z,
-            "at_n": float(n), "at_ratio": float(ratio), "text": text, "caveat": caveat, "note": note}
+            "at_n": float(n), "at_ratio": float(ratio), "text": text, "caveat": caveat, "note": note,
+            "includes_one": list(includes_one)}
