@@ -108,8 +108,8 @@ def not_writable(path: str | Path, folder: bool = True) -> str | None:
     command can refuse a read-only output location in one line before its work instead of after it."""
     path = Path(path)
     target = path if folder else path.parent
-    existing = next((p for p in [target, *target.parents] if p.exists()), None)
-    if existing is None or not existing.is_dir():
+    existing = _nearest_existing(target)
+    if not existing.is_dir():
         return f"{existing} is not a folder"
     if not os.access(existing, os.W_OK | os.X_OK):
         return f"{existing} is not writable"
