@@ -78,14 +78,22 @@ if [ "$mode" = sweep ]; then
     # a run restored unfinished has no checkpoint here (the archive holds none): it starts again from nothing
     for d in "$RUNS"/recipes/*/; do [ -f "$d/summary.json" ] || rm -rf "$d"; done
   fi
-  if [ -n "${GPU_TESTS:-}" ]; then  # GPU tests beside the sweep, on the first GPU
-    ( CUDA_VISIBLE_DEVICES=0 timeout -k 10 "${TESTS_TIMEOUT:-480}" "$PY" -m pytest -q -p no:cacheprovider -rfE \
-        --tb=short $GPU_TESTS > "$OUT/gpu_tests.txt" 2>&1; echo "exit $? at $(date -u +%H:%M:%S)" >> "$OUT/gpu_tests.txt" ) &
+  if [ -n "${GPU_TESTS:-}" ] && [ ! -f "$LOGS/gpu_tests.txt" ]; then
+    # GPU tests beside the sweep, on the first GPU, in their own session (setsid) so that they outlive this call;
+    # a later call finds their output in $LOGS and does not start them again
+    stamp "GPU tests beside the sweep on GPU 0: $GPU_TESTS"
+    CUDA_VISIBLE_DEVICES=0 setsid bash -c 'timeout -k 10 "$0" "$1" -m pytest -q -p no:cacheprovider -rfE --tb=short $2 \
+        > "$3" 2>&1; echo "exit $? at $(date -u +%H:%M:%S)" >> "$3"' "${TESTS_TIMEOUT:-1100}" "$PY" "$GPU_TESTS" \
+        "$LOGS/gpu_tests.txt" < /dev/null > /dev/null 2>&1 &
   fi
   ls "$QUARTET_CACHE"/data/pycode-*/manifest.json >/dev/null 2>&1 || prepare_data
   sweep_in_background recipes "${RECIPES_WAIT:-540}"
   cp "$LOGS"/sweep.log "$OUT/" 2>/dev/null
   grep -v "━" "$LOGS/sweep.log" | tail -8
+  if [ -f "$LOGS/gpu_tests.txt" ]; then
+    cp "$LOGS/gpu_tests.txt" "$OUT/"
+    stamp "GPU tests so far: $(grep -cE '^(FAILED|ERROR)' "$LOGS/gpu_tests.txt") failed; $(tail -1 "$LOGS/gpu_tests.txt" | cut -c1-160)"
+  fi
   "$PY" -m quartet.cli status recipes --runs-dir "$RUNS" > "$OUT/status.txt" 2>&1
   tail -3 "$OUT/status.txt"
   collect
