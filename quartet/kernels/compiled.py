@@ -15,6 +15,16 @@ lands within an ulp of a rounding boundary can round the other way: the GPU test
 of elements, one grid step each (``tests/quant/test_gpu.py``); on the CPU the compiled path is bitwise the
 oracle's.
 
+Division and subnormals: Inductor's Triton code divides with ``div.full.f32`` unless told otherwise — at most 2 ulp
+off, and flushing float32 subnormals to zero. Off by an ulp, a bf16 value that sits exactly on a rounding tie of
+the E2M1/E4M3 grid (most do: bf16 has 8 significant bits) rounds either way, and a group whose scale is a
+subnormal divides by zero (its zeros became NaN: two MXFP8 runs of the recipe table stopped on non-finite
+gradients). So the backend turns on Inductor's IEEE division (``div_rn``, as eager) and, where the installed
+PyTorch has the switch, libdevice without flush-to-zero (:func:`inductor_numerics`); powers of two are built from
+bits (:func:`quartet.quant.formats.exact_pow2`), not ``exp2``. What can still flush (a subnormal input or scale in a
+PyTorch without the FTZ switch) is held to the oracle's rule that a finite tensor never quantizes to NaN/Inf
+(:func:`finite_if_input_finite`): such values come back 0.
+
 Recompiles: Dynamo specialises on the quantizer spec (a frozen dataclass) and, after the first shape change, on
 symbolic shapes; a Llama's linears give a few dozen variants, so the recompile limit is raised (below) instead
 of letting later variants fall back to eager silently. Inductor's on-disk cache (``TORCHINDUCTOR_CACHE_DIR``)
@@ -30,18 +40,47 @@ from quartet.quant.backend import ReferenceBackend
 from quartet.quant.hadamard import block_hadamard
 from quartet.quant.quantizers import QTensor, QuantizerSpec, quantizer_stats, reference_quantize
 
-__all__ = ["CompiledReferenceBackend", "compiled_quantize"]
+__all__ = ["CompiledReferenceBackend", "compiled_quantize", "finite_if_input_finite", "inductor_numerics"]
 
 #: Dynamo's per-code-object variant limit while quantizers compile (its default, 8, is below a model's count of
 #: spec × shape variants; past the limit a call silently runs eagerly).
 RECOMPILE_LIMIT = 256
 
 
+def finite_if_input_finite(values: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``values`` with NaN/±Inf replaced by 0 when every element of ``x`` is finite, else ``values`` unchanged.
+
+    The oracle never quantizes a finite tensor to a non-finite value (a unit holding NaN/Inf comes back NaN, nothing
+    else does), so a non-finite value from a finite tensor can only be a flushed subnormal (module docstring). No
+    host sync: the test is a 0-d tensor inside the compiled graph."""
+    all_finite = torch.isfinite(x).all()
+    return torch.where(torch.isfinite(values) | ~all_finite, values, torch.zeros_like(values))
+
+
 def _rotate_quantize(x: torch.Tensor, spec: QuantizerSpec, block: int | None, signs: torch.Tensor | None,
                      seed: int | None) -> QTensor:
     """The oracle's rotate-then-quantize (:meth:`ReferenceBackend.quantize` without statistics)."""
     xr = block_hadamard(x, block, signs) if block else x.float()
-    return reference_quantize(xr, spec, seed)
+    q = reference_quantize(xr, spec, seed)
+    q.values = finite_if_input_finite(q.values, xr)
+    return q
+
+
+def inductor_numerics() -> dict[str, bool]:
+    """Turn on Inductor's eager-equal float32 division (``div_rn``) and, where this PyTorch has it, libdevice
+    without flush-to-zero; returns what was set (the option names moved between PyTorch releases). Process-wide
+    (Inductor has no per-function switch): set when the first quantizer compiles, so a run whose recipe never
+    takes this backend keeps Inductor's defaults."""
+    import torch._inductor.config as inductor_config
+
+    done = {}
+    numerics = getattr(inductor_config, "eager_numerics", None)
+    for obj, key in ((numerics, "division_rounding"), (inductor_config, "emulate_divison_rounding"),
+                     (numerics, "disable_ftz")):
+        if obj is not None and hasattr(obj, key):
+            setattr(obj, key, True)
+            done[key] = True
+    return done
 
 
 @functools.cache
@@ -51,6 +90,7 @@ def _compiled():
     for key in ("recompile_limit", "cache_size_limit"):
         if hasattr(dynamo_config, key):
             setattr(dynamo_config, key, max(getattr(dynamo_config, key), RECOMPILE_LIMIT))
+    inductor_numerics()
     return torch.compile(_rotate_quantize, fullgraph=False)
 
 

@@ -48,6 +48,7 @@ __all__ = [
     "fp8_quantize",
     "absmax_scale",
     "scale_divisor",
+    "exact_pow2",
     "round_to_int4",
     "int4_quantize",
     "INT4_MAX",
@@ -171,6 +172,17 @@ def floor_log2(v: torch.Tensor) -> torch.Tensor:
     return torch.frexp(v).exponent - 1
 
 
+def exact_pow2(e: torch.Tensor) -> torch.Tensor:
+    """2^e as float32 for integer exponents e in [-149, 127], built from the float's bits: exact on every device and
+    under ``torch.compile``. ``torch.exp2`` is not: CUDA's exp2f is accurate to 2 ulp, not exact, and Inductor's
+    Triton kernels call libdevice with flush-to-zero, so 2^-130 came out 0 on an H100 and a group with that scale
+    divided by zero."""
+    e = e.to(torch.int32)
+    normal = (e + 127).clamp(min=1, max=254) << 23  # biased exponent in the exponent field, mantissa 0
+    subnormal = torch.ones_like(e) << (e + 149).clamp(min=0, max=22)  # 2^-149 · 2^(e+149): one mantissa bit
+    return torch.where(e >= -126, normal, subnormal).view(torch.float32)
+
+
 def e8m0_encode(scale: torch.Tensor) -> torch.Tensor:
     """E8M0 codes (uint8) of positive scales: floor(log2 s) + 127, clamped to [0, 254]; NaN/≤0/Inf → 255.
 
@@ -185,7 +197,7 @@ def e8m0_encode(scale: torch.Tensor) -> torch.Tensor:
 def e8m0_decode(codes: torch.Tensor) -> torch.Tensor:
     """Float32 scales 2^(c − 127) of E8M0 codes; code 255 decodes to NaN."""
     c = codes.to(torch.int64)
-    val = torch.ldexp(torch.ones_like(c, dtype=torch.float32), (c - 127).to(torch.int32))
+    val = exact_pow2(c - 127)
     return torch.where(c == 255, torch.full_like(val, float("nan")), val)
 
 

@@ -51,6 +51,7 @@ from quartet.quant.formats import (
     FLOAT32_TINY,
     e2m1_encode,
     e8m0_encode,
+    exact_pow2,
     floor_log2,
     round_to_e2m1,
     round_to_fp8,
@@ -96,8 +97,8 @@ def _pow2_floor(v: torch.Tensor, shift: int = 0) -> torch.Tensor:
     2^shift where v is 0 (empty group); NaN where v is NaN or Inf (E8M0's NaN code 255).
     The exponent is exact (:func:`~quartet.quant.formats.floor_log2`), as the kernels read the float's exponent
     bits."""
-    e = (floor_log2(v) + shift).clamp(-127, 127).to(v.dtype)
-    s = torch.where(v > 0, torch.exp2(e), torch.full_like(v, 2.0 ** shift))
+    e = (floor_log2(v) + shift).clamp(-127, 127)
+    s = torch.where(v > 0, exact_pow2(e), torch.full_like(v, 2.0 ** shift))
     return torch.where(torch.isfinite(v), s, torch.full_like(v, float("nan")))
 
 

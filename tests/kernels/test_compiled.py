@@ -19,6 +19,29 @@ def test_compiled_ranks_below_every_kernel_and_above_the_eager_oracle():
     assert fast.supports_device("cuda") and not fast.supports_device("cpu")  # auto never compiles on the CPU
 
 
+def test_a_finite_tensor_never_quantizes_to_nan_or_inf_on_the_compiled_path():
+    from quartet.kernels.compiled import finite_if_input_finite
+
+    values = torch.tensor([1.0, float("nan"), float("inf"), -float("inf"), -2.0])
+    # a finite input: what is not finite can only be a flushed subnormal, and comes back 0
+    assert torch.equal(finite_if_input_finite(values, torch.ones(5)), torch.tensor([1.0, 0.0, 0.0, 0.0, -2.0]))
+    # an input holding NaN/Inf: its units' NaN are the oracle's rule and stay
+    x = torch.tensor([1.0, 1.0, float("inf"), 1.0, 1.0])
+    out = finite_if_input_finite(values, x)
+    assert torch.equal(out.isnan(), values.isnan()) and torch.equal(out.isinf(), values.isinf())
+
+
+def test_compiled_backend_turns_on_eager_equal_division():
+    import torch._inductor.config as inductor_config
+
+    from quartet.kernels.compiled import inductor_numerics
+
+    done = inductor_numerics()
+    assert "division_rounding" in done or "emulate_divison_rounding" in done
+    numerics = getattr(inductor_config, "eager_numerics", None)
+    assert getattr(numerics, "division_rounding", False) or getattr(inductor_config, "emulate_divison_rounding", False)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_compiled_quantizers_are_bitwise_the_oracle_on_the_cpu():

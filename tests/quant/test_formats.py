@@ -59,6 +59,14 @@ def test_all_256_e8m0_codes_round_trip():
     assert torch.equal(torch_vals[:255], vals[:255]) and torch.isnan(torch_vals[255])
 
 
+def test_exact_pow2_is_every_float32_power_of_two_bitwise():
+    e = torch.arange(-149, 128)
+    got = F.exact_pow2(e)
+    want = torch.tensor([2.0 ** int(k) for k in e], dtype=torch.float64).float()  # every one exact in float32
+    assert got.dtype == torch.float32 and torch.equal(got, want)
+    assert F.exact_pow2(torch.tensor([-127])).item() > 0  # E8M0's smallest scale is a subnormal, not 0
+
+
 def test_fp8_and_int4_helpers():
     x = torch.tensor([1.0, 300.0, 1000.0, -1e6, 0.3])
     e4 = F.round_to_fp8(x, "e4m3")

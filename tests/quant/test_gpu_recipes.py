@@ -4,19 +4,18 @@ Three checks per recipe (``quartet.quant.schemes.RECIPES``):
 
 1. the path ``auto`` picks on the GPU (a fused kernel layer, the FP8 tensor-core layers, or the ``compiled``
    backend) is a fast one, never the eager oracle;
-2. a block linear's forward output equals the CPU oracle's to within the GEMMs' float rounding, and its weight
-   gradient carries no more quantization error than the oracle's (same weights, inputs and seeds; stochastic
-   rounding draws differ between the devices' generators, so the gradient is compared through its error against
-   the unquantized gradient rather than bitwise);
+2. a block linear's forward output and weight gradient carry no more quantization error than the CPU oracle's
+   (same weights, bf16-valued inputs, seeds; stochastic rounding draws differ between the devices' generators),
+   and where the GPU path is ``compiled`` (the oracle's own code) its forward equals the oracle's to 1%;
 3. a short training run on the GPU stays finite and learns.
 
 The ``compiled`` backend is also checked quantizer by quantizer against the eager oracle on the same GPU and the
 same seeds — random inputs and the formats' edges (powers of two and values just below, subnormals, zeros,
 huge values, NaN and Inf) — where both draw the same random numbers, so the outputs agree element for element
-except where Inductor's FMA contraction moves a value across a rounding boundary, and in groups whose power-of-two
-scale is itself a float32 subnormal (amax below about 2^-119): there the compiled division flushes on an H100
-(mxfp8 and absmax-SR rows of 2^-130-sized values differed, 2026-11-27), so those groups are held only to finite
-values of the right sign.
+except where Inductor's FMA contraction moves a value across a rounding boundary, and in groups whose scale or
+inputs are float32 subnormals (amax below about 2^-119): a GPU may flush those (``quartet/kernels/compiled.py``),
+so they are held only to finite values of the right sign — the zeros among them included, which came out NaN
+before the backend's division and powers of two were made exact.
 """
 from __future__ import annotations
 
@@ -90,10 +89,14 @@ def test_recipe_block_linear_on_gpu_matches_the_cpu_oracle(name, monkeypatch):
     cpu, _ = _pair("cpu", name, "reference")
     y_cpu, g_cpu = _run(cpu, "cpu")
     hp, _ = _pair("cpu", "bf16", "reference")
-    _, g_hp = _run(hp, "cpu")
+    y_hp, g_hp = _run(hp, "cpu")
     assert torch.isfinite(y_gpu).all() and torch.isfinite(g_gpu).all()
-    # forward: the same quantized operands up to a rare rounding-boundary flip; the GEMM's accumulation order
-    assert _rel(y_gpu, y_cpu) < 1e-2, (name, plan.backend, _rel(y_gpu, y_cpu))
+    # forward: no more quantization error than the oracle's; the compiled path runs the oracle's own code, so its
+    # output is the oracle's up to a rare rounding-boundary flip and the GEMM's accumulation order
+    err_gpu, err_cpu = _rel(y_gpu, y_hp), _rel(y_cpu, y_hp)
+    assert err_gpu <= 1.25 * err_cpu + 2e-3, (name, plan.backend, err_gpu, err_cpu)
+    if plan.backend == "compiled":
+        assert _rel(y_gpu, y_cpu) < 1e-2, (name, plan.backend, _rel(y_gpu, y_cpu))
     # backward: the GPU's quantization error of the weight gradient is the oracle's (not a broken scale or axis)
     err_gpu, err_cpu = _rel(g_gpu, g_hp), _rel(g_cpu, g_hp)
     assert err_gpu <= 1.25 * err_cpu + 2e-3, (name, plan.backend, err_gpu, err_cpu)
@@ -114,7 +117,8 @@ def _edge_inputs(rows: int, cols: int) -> torch.Tensor:
                           torch.nextafter(torch.tensor(8.0), torch.tensor(0.0)).item(), 1e30, -1e30, 0.5, 0.25])
     x[0, : edges.numel()] = edges  # one row of edges inside otherwise normal groups
     x[1] = 0.0  # an all-zero row
-    x[_SUBNORMAL_ROW] *= 2.0 ** -130  # a subnormal row
+    x[_SUBNORMAL_ROW] *= 2.0 ** -130  # a subnormal row,
+    x[_SUBNORMAL_ROW, ::7] = 0.0  # with zeros: 0 divided by a flushed scale was the NaN that stopped MXFP8 runs
     x[3, 5] = float("nan")
     x[4, 40] = float("inf")
     x[5, 70] = float("-inf")
