@@ -155,7 +155,8 @@ def summary(cmp: pd.DataFrame) -> pd.DataFrame:
     for (a, b), quantity in itertools.product(PAIRS, ("loss", "gap")):
         tag = SHORT[a] + SHORT[b]
         q = cmp[cmp["quantity"] == quantity]
-        for prec, part in [("all", q)] + list(q.groupby("precision")):
+        by_prec = list(q.groupby("precision")) if q["precision"].nunique() > 1 else []
+        for prec, part in [("all", q)] + by_prec:
             z = part[f"z_{tag}"].abs()
             worst = part.loc[z.idxmax()]
             rows.append({"comparison": f"{a} - {b}", "quantity": quantity, "precision": prec, "rows": len(part),
@@ -209,8 +210,8 @@ def figure(tables: dict[str, pd.DataFrame], cmp: pd.DataFrame, out: Path) -> Non
         log_axis(bot, "x")
     handles, labels = axes[0, 0].get_legend_handles_labels()
     h2, l2 = axes[1, 0].get_legend_handles_labels()
-    fig.suptitle("Budget branches vs WSD from scratch vs the cosine ladder (one H100 run each; bars: range over 3 "
-                 "seeds)", fontsize=11)
+    fig.suptitle("Budget branches vs WSD from scratch vs the cosine ladder (H100; a point is one run, or three "
+                 "seeds' mean with their range as a bar)", fontsize=11)
     fig.tight_layout(rect=(0, 0.07, 1, 0.97))
     fig.legend(handles + h2, labels + l2, loc="lower center", ncol=4, frameon=False, bbox_to_anchor=(0.5, 0.0))
     out.parent.mkdir(parents=True, exist_ok=True)
