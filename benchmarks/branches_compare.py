@@ -18,7 +18,7 @@ repository root (the run folders: ``tar xzf benchmarks/results/branches/runs.tar
     python benchmarks/branches_compare.py gpu-time /tmp/branches_ladder /tmp/branches_ladder_independent
     python benchmarks/branches_compare.py gpu-time /tmp/ladder_1gpu --like benchmarks/results/branches/losses_cosine.csv
     python benchmarks/branches_compare.py rerun /tmp/branches_ladder /tmp/branches_ladder_independent \
-        --steps 20,40,100,300,500,600,1000
+        --steps 20,40,100,300,500,600,1000 [--per-run]
 
 ``compare``: for every run (model, budget, precision, seed) in all three tables, ``comparison.csv`` has the three
 losses (quantity ``loss``) and, per (model, budget, seed), quartet's paired gap to bf16 (quantity ``gap``,
@@ -42,7 +42,7 @@ wall time, also while it shared the GPU with others) and the tokens trained (a b
 
 ``rerun``: the logged training loss, at each step, of the runs of one model and seed that share one configuration up
 to that step (the trunk, and each budget's run before its decay starts: the same initialisation, data order and
-LR), and its spread: how far a GPU run drifts from an identical one.
+LR), and its spread (``--per-run``: each run's): how far a GPU run drifts from an identical one.
 """
 from __future__ import annotations
 
@@ -292,7 +292,7 @@ def gpu_time(folders: list[Path], like: Path | None) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def rerun(folders: list[Path], model: str, seed: int, steps: list[int]) -> pd.DataFrame:
+def rerun(folders: list[Path], model: str, seed: int, steps: list[int], per_run: bool = False) -> pd.DataFrame:
     """The logged training loss at ``steps`` of every run of ``model`` and ``seed`` in the folders whose LR has not
     started to decay there (a trunk, and each budget's run before its decay start): runs with one configuration up
     to that step, so their spread is the GPU's run-to-run spread (the same data order, initialisation and LR)."""
@@ -311,6 +311,8 @@ def rerun(folders: list[Path], model: str, seed: int, steps: list[int]) -> pd.Da
                     rows.append({"precision": r["precision"], "step": step, "run_id": r["run_id"],
                                  "loss": logged[step]})
     df = pd.DataFrame(rows)
+    if per_run:
+        return df.pivot_table(index=["precision", "run_id"], columns="step", values="loss").reset_index()
     return df.groupby(["precision", "step"])["loss"].agg(["count", "min", "max", "std"]).reset_index()
 
 
@@ -342,6 +344,7 @@ def main(argv=None) -> int:
     r.add_argument("--model", default="llama_1m")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--steps", default="20,40,100,300,500")
+    r.add_argument("--per-run", action="store_true", help="every run's loss at each step, not the spread")
     args = ap.parse_args(argv)
     fmt = {"display.width": 200, "display.max_columns": 20, "display.max_colwidth": 90,
            "display.float_format": "{:.4g}".format}
@@ -359,7 +362,7 @@ def main(argv=None) -> int:
             print(out.to_string(index=False))
         return 0
     if args.cmd == "rerun":
-        out = rerun(args.folders, args.model, args.seed, [int(x) for x in args.steps.split(",")])
+        out = rerun(args.folders, args.model, args.seed, [int(x) for x in args.steps.split(",")], args.per_run)
         with pd.option_context(*itertools.chain.from_iterable(fmt.items())):
             print(out.to_string(index=False))
         return 0
