@@ -421,9 +421,11 @@ def fit_efficiency(base: BaseFit | dict, n, d, loss, kind: str, *, scheme: str =
         raise AnalysisError(f"kind must be forward, backward or joint (got {kind!r})")
     log_n, log_d, log_obs = _as_arrays(n, d, loss)
     k = 2 if kind == "joint" else 1
-    if log_obs.size < k:
+    # repeats of one (N, D) (seeds fitted one by one, a bootstrap's redraws) add no point: count distinct ones
+    distinct = len(set(zip(log_n.tolist(), log_d.tolist())))
+    if distinct < k:
         raise AnalysisError(f"too few points for a {kind} efficiency fit of {scheme or 'this precision'}: "
-                            f"{log_obs.size} points for {k} parameters")
+                            f"{distinct} distinct (N, D) point(s) for {k} parameters")
     raw = np.asarray(base.raw if isinstance(base, BaseFit) else base, dtype=float)
     lo, hi = np.log(EFF_BOUNDS[0]), np.log(EFF_BOUNDS[1])
 
@@ -458,8 +460,8 @@ def fit_efficiency(base: BaseFit | dict, n, d, loss, kind: str, *, scheme: str =
         status, msg = "failed", f"optimizer did not converge: {best.message}"
     elif np.any(np.isclose(best.x, lo, atol=1e-6)) or np.any(np.isclose(best.x, hi, atol=1e-6)):
         status, msg = "hit_bound", f"an efficiency sits on its bound {EFF_BOUNDS}: the data do not constrain it"
-    elif log_obs.size < k + 1:
-        status, msg = "too_few_points", f"{log_obs.size} point(s) for {k} parameter(s): exactly determined, no check"
+    elif distinct < k + 1:
+        status, msg = "too_few_points", f"{distinct} distinct point(s) for {k} parameter(s): exactly determined, no check"
     elif min(eff_n, eff_d) < EFF_IMPLAUSIBLE:
         name, val = ("effN", eff_n) if eff_n <= eff_d else ("effD", eff_d)
         status, msg = "hit_bound", (f"{name} = {val:.3g} is an implausible magnitude (< {EFF_IMPLAUSIBLE:g}): the runs "

@@ -394,3 +394,24 @@ def test_intervals_reaching_bounds_flag_the_fit_and_its_efficiencies():
     assert b.status == "hit_bound" and "alpha's 95% bootstrap interval [0.0004, 0.9] leaves" in b.message
     assert f.status == "hit_bound" and f.message.startswith("inherited from the base fit")
     assert q.message.startswith("the 95% bootstrap interval of eff_n")  # its own reason comes first
+
+
+def test_repeats_of_one_cell_are_one_point_for_an_efficiency_fit():
+    """A joint (effN, effD) fit on copies of one (N, D) — seeds fitted one by one, or a paired bootstrap resample that
+    drew one of the precision's cells several times — is underdetermined: it is refused, not fitted to a bound, and
+    two distinct cells are an exactly determined fit. In a bootstrap such resamples are skipped (null in the draws)."""
+    base = fit_base(*_grid(PAPER_PARAMS, np.array([3e7, 5e7, 1e8, 2e8]), np.array([25, 50, 100, 200]), noise=0.002))
+    n, d = np.array([5e7] * 3), np.array([5e7 * 50] * 3)
+    loss = predict(PAPER_PARAMS, n, d, 0.6, 0.95)
+    with pytest.raises(AnalysisError, match="1 distinct"):
+        fit_efficiency(base, n, d, loss, "joint")
+    assert fit_efficiency(base, n, d, loss, "forward").status == "too_few_points"  # one point for one parameter
+    two = fit_efficiency(base, [5e7, 5e7, 1e8], [2.5e9, 2.5e9, 1e10], predict(PAPER_PARAMS, np.array([5e7, 5e7, 1e8]),
+                                                                         np.array([2.5e9, 2.5e9, 1e10]), 0.6, 0.95), "joint")
+    assert two.status == "too_few_points" and "2 distinct" in two.message
+    # a paired design where the scheme was run on 2 of 16 cells: resamples that draw only one of them are skipped
+    table = _table(PAPER_CELLS, 0.002, 2)
+    keep = (table["precision"] != "q") | table["tokens"].isin([PAPER_CELLS[0][1], PAPER_CELLS[5][1]])
+    rep = fit_all(table[keep], "busbridge", bootstrap=40, seed=0, forecasts=False)
+    draws = [s[1].get("q") for s in rep.samples]
+    assert 0 < sum(v is None for v in draws) < len(draws)

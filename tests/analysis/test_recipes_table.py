@@ -1,0 +1,88 @@
+"""The recipe table's committed results (benchmarks/results/recipes/) are one consistent result, and
+benchmarks/recipes_table.py turns them into the table docs/recipes.md shows."""
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analysis.ladder import cell_gaps, loss_table, sign_test
+from analysis.load import load_table
+from analysis.report import fit_all
+
+REPO = Path(__file__).resolve().parents[2]
+RECIPES = REPO / "benchmarks" / "results" / "recipes"
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("recipes_table", REPO / "benchmarks" / "recipes_table.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_committed_recipe_tables_agree_with_their_loss_table():
+    """losses.csv holds the ladder's bf16 cells (the base law's points) and six cells of every other recipe;
+    gaps.csv is what analysis.ladder computes from it, and fit.json's point estimates are what the fit gives."""
+    table = pd.read_csv(RECIPES / "losses.csv")
+    base = table[table["precision"] == "bf16"]
+    assert base.groupby(["n_params", "tokens"]).ngroups == 15
+    others = table[table["precision"] != "bf16"]
+    assert (others.groupby("precision")[["n_params", "tokens"]].apply(lambda g: len(g.drop_duplicates())) == 6).all()
+    assert others["precision"].nunique() == 10
+    gaps = cell_gaps(loss_table(load_table(RECIPES / "losses.csv")))
+    committed = pd.read_csv(RECIPES / "gaps.csv")
+    assert np.allclose(gaps["gap"], committed["gap"]) and list(gaps["verdict"]) == list(committed["verdict"])
+    fit = json.loads((RECIPES / "fit.json").read_text())
+    assert fit["bootstrap"]["requested"] == 200 and fit["provenance"]["options"]["runs"] == len(table)
+    report = fit_all(load_table(RECIPES / "losses.csv"), "busbridge", forecasts=False)
+    for name, value in fit["base"]["params"].items():
+        assert report.base.params[name] == pytest.approx(value, rel=1e-4), name
+    for e in report.efficiencies:
+        saved = next(x for x in fit["efficiencies"] if x["scheme"] == e.scheme)
+        assert (e.eff_n, e.eff_d) == (pytest.approx(saved["eff_n"], rel=1e-4), pytest.approx(saved["eff_d"], rel=1e-4))
+
+
+def test_the_script_rewrites_the_committed_table_and_the_docs_block(tmp_path):
+    mod = _script()
+    assert mod.main(["--out", str(tmp_path), "--docs", ""]) == 0
+    table = (tmp_path / "table.md").read_text()
+    assert table == (RECIPES / "table.md").read_text()
+    assert (tmp_path / "recipes.png").stat().st_size > 10_000
+    page = (REPO / "docs" / "recipes.md").read_text()
+    block = page[page.index(mod.BEGIN) + len(mod.BEGIN) + 1: page.index(mod.END)]
+    assert block == table
+    # one row per recipe, bf16 first; every sign count is the ladder's
+    first = table.split("\n\n")[1]  # the recipe table (the comment line comes first)
+    rows = [line for line in first.splitlines() if line.startswith("| `")]
+    signs = sign_test(pd.read_csv(RECIPES / "gaps.csv")).set_index("precision")
+    names = [r.split("`")[1] for r in rows]
+    assert names[0] == "bf16" and set(names[1:]) == set(signs.index) and len(names) == 11
+    for row, name in zip(rows[1:], names[1:]):
+        assert f"{signs.loc[name, 'worse_than_base']}/{signs.loc[name, 'cells']} (p " in row, name
+
+
+def test_update_page_replaces_only_between_the_markers(tmp_path):
+    mod = _script()
+    page = tmp_path / "p.md"
+    page.write_text(f"intro\n{mod.BEGIN}\nold\n{mod.END}\nrest\n")
+    assert mod.update_page(page, "new\n")
+    assert page.read_text() == f"intro\n{mod.BEGIN}\nnew\n{mod.END}\nrest\n"
+    plain = tmp_path / "q.md"
+    plain.write_text("no markers\n")
+    assert not mod.update_page(plain, "new\n") and plain.read_text() == "no markers\n"
+    assert not mod.update_page(tmp_path / "missing.md", "new\n")
+
+
+def test_head_to_head_is_the_ladder_with_the_second_recipe_as_base():
+    mod = _script()
+    losses = pd.read_csv(RECIPES / "losses.csv")
+    h = mod.head_to_head(losses, pairs=(("quartet", "luq_int4"),)).iloc[0]
+    sub = losses[losses["precision"].isin(["quartet", "luq_int4"])]
+    g = cell_gaps(loss_table(sub), base="luq_int4")
+    assert h["cells"] == len(g) == 6 and h["a_worse"] == int((g["gap"] > 0).sum())
+    assert h["mean_gap"] == pytest.approx(g["gap"].mean())
