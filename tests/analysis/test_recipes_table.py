@@ -86,3 +86,21 @@ def test_head_to_head_is_the_ladder_with_the_second_recipe_as_base():
     g = cell_gaps(loss_table(sub), base="luq_int4")
     assert h["cells"] == len(g) == 6 and h["a_worse"] == int((g["gap"] > 0).sum())
     assert h["mean_gap"] == pytest.approx(g["gap"].mean())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_quartet_fit_reproduces_the_committed_fit_json(tmp_path):
+    """`quartet fit benchmarks/results/recipes/losses.csv --bootstrap 200` gives fit.json again: the bootstrap is
+    seeded, so every point estimate and interval comes back (time stamps and timings aside)."""
+    from analysis.cli import fit_main
+
+    out = tmp_path / "fit.json"
+    assert fit_main([str(RECIPES / "losses.csv"), "--bootstrap", "200", "--json", str(out)]) == 0
+    got, saved = json.loads(out.read_text()), json.loads((RECIPES / "fit.json").read_text())
+    for name, (lo, hi) in saved["base"]["intervals"].items():
+        assert got["base"]["intervals"][name] == [pytest.approx(lo, rel=1e-6), pytest.approx(hi, rel=1e-6)], name
+    for s in saved["efficiencies"]:
+        g = next(x for x in got["efficiencies"] if x["scheme"] == s["scheme"])
+        for key in ("eff_n", "eff_d", "eff_n_interval", "eff_d_interval", "status"):
+            assert g[key] == (pytest.approx(s[key], rel=1e-6) if key != "status" else s[key]), (s["scheme"], key)
