@@ -24,3 +24,29 @@ def runs_dir(tmp_path: Path) -> Path:
     write_run(root, "demo", "fp8-diverged", n=2e5, d=4e6, forward="fp8", backward="fp8", precision="fp8",
               loss=12.0, first_loss=10.0)
     return root
+
+
+def _benchmark_script(name: str):
+    """A script of ``benchmarks/`` loaded as a module (the folder is not a package)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="session")
+def branches_compare():
+    return _benchmark_script("branches_compare")
+
+
+@pytest.fixture(scope="session")
+def recipes_table():
+    return _benchmark_script("recipes_table")
+
+
+@pytest.fixture(scope="session")
+def design():
+    return _benchmark_script("recipes_design")

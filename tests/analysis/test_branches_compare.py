@@ -1,7 +1,6 @@
 """benchmarks/branches_compare.py: the paired branch / independent / cosine comparison behind docs/branches.md."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -11,13 +10,6 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "benchmarks" / "results" / "branches"
-
-
-def _module():
-    spec = importlib.util.spec_from_file_location("branches_compare", REPO / "benchmarks" / "branches_compare.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _table(shift_q: float = 0.0, noise: float = 0.01) -> pd.DataFrame:
@@ -33,8 +25,8 @@ def _table(shift_q: float = 0.0, noise: float = 0.01) -> pd.DataFrame:
     return df
 
 
-def test_identical_sets_compare_at_zero_and_a_shift_is_measured_in_noise_units():
-    bc = _module()
+def test_identical_sets_compare_at_zero_and_a_shift_is_measured_in_noise_units(branches_compare):
+    bc = branches_compare
     same = bc.compare({"branches": _table(), "independent": _table(), "cosine": _table(shift_q=0.05)})
     loss = same[same["quantity"] == "loss"]
     assert (loss["diff_bi"] == 0).all() and (loss["verdict_bi"] == "within noise").all()
@@ -48,8 +40,8 @@ def test_identical_sets_compare_at_zero_and_a_shift_is_measured_in_noise_units()
     assert (gap["noise_bc"] == 0).all() and gap["verdict_bc"].eq("noise not measured").all()  # gaps without spread
 
 
-def test_the_cosine_cut_keeps_the_same_runs_and_refuses_a_missing_one(tmp_path):
-    bc = _module()
+def test_the_cosine_cut_keeps_the_same_runs_and_refuses_a_missing_one(branches_compare, tmp_path):
+    bc = branches_compare
     ladder = _table(shift_q=0.05)
     extra = ladder.assign(model="other")
     pd.concat([ladder, extra]).drop(columns="dn").to_csv(tmp_path / "ladder.csv", index=False)
@@ -61,8 +53,8 @@ def test_the_cosine_cut_keeps_the_same_runs_and_refuses_a_missing_one(tmp_path):
         bc.cut_cosine(tmp_path / "short.csv", tmp_path / "like.csv", tmp_path / "cut2.csv")
 
 
-def test_gpu_time_counts_a_branch_only_for_its_decay(tmp_path):
-    bc = _module()
+def test_gpu_time_counts_a_branch_only_for_its_decay(branches_compare, tmp_path):
+    bc = branches_compare
     runs = {"trunk": {"role": "trunk", "save_steps": [80]}, "b": {"role": "branch", "trunk": "trunk", "step": 80},
             "plain": None}
     for rid, branch in runs.items():
@@ -76,9 +68,9 @@ def test_gpu_time_counts_a_branch_only_for_its_decay(tmp_path):
 
 
 @pytest.mark.skipif(not (RESULTS / "comparison.csv").is_file(), reason="the committed branch results")
-def test_committed_comparison_reproduces_from_the_committed_tables():
+def test_committed_comparison_reproduces_from_the_committed_tables(branches_compare):
     """`python benchmarks/branches_compare.py compare --csv ...` on the three committed tables = comparison.csv."""
-    bc = _module()
+    bc = branches_compare
     tables = {name: bc.read_table(RESULTS / f"losses_{name}.csv") for name in bc.SETS}
     ours = bc.compare(tables)
     committed = pd.read_csv(RESULTS / "comparison.csv")

@@ -1,21 +1,10 @@
 """benchmarks/recipes_design.py: the design simulation for pinning the recipes' effN and effD."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def design():
-    spec = importlib.util.spec_from_file_location("recipes_design", REPO / "benchmarks" / "recipes_design.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_designs_share_their_common_cells_draws(design):

@@ -2,7 +2,6 @@
 benchmarks/recipes_table.py turns them into the table docs/recipes.md shows."""
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -16,13 +15,6 @@ from analysis.report import fit_all
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPES = REPO / "benchmarks" / "results" / "recipes"
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location("recipes_table", REPO / "benchmarks" / "recipes_table.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_committed_recipe_tables_agree_with_their_loss_table():
@@ -47,8 +39,8 @@ def test_committed_recipe_tables_agree_with_their_loss_table():
         assert (e.eff_n, e.eff_d) == (pytest.approx(saved["eff_n"], rel=1e-4), pytest.approx(saved["eff_d"], rel=1e-4))
 
 
-def test_the_script_rewrites_the_committed_table_and_the_docs_block(tmp_path):
-    mod = _script()
+def test_the_script_rewrites_the_committed_table_and_the_docs_block(recipes_table, tmp_path):
+    mod = recipes_table
     assert mod.main(["--out", str(tmp_path), "--docs", ""]) == 0
     table = (tmp_path / "table.md").read_text()
     assert table == (RECIPES / "table.md").read_text()
@@ -66,8 +58,8 @@ def test_the_script_rewrites_the_committed_table_and_the_docs_block(tmp_path):
         assert f"{signs.loc[name, 'worse_than_base']}/{signs.loc[name, 'cells']} (p " in row, name
 
 
-def test_update_page_replaces_only_between_the_markers(tmp_path):
-    mod = _script()
+def test_update_page_replaces_only_between_the_markers(recipes_table, tmp_path):
+    mod = recipes_table
     page = tmp_path / "p.md"
     page.write_text(f"intro\n{mod.BEGIN}\nold\n{mod.END}\nrest\n")
     assert mod.update_page(page, "new\n")
@@ -78,8 +70,8 @@ def test_update_page_replaces_only_between_the_markers(tmp_path):
     assert not mod.update_page(tmp_path / "missing.md", "new\n")
 
 
-def test_head_to_head_is_the_ladder_with_the_second_recipe_as_base():
-    mod = _script()
+def test_head_to_head_is_the_ladder_with_the_second_recipe_as_base(recipes_table):
+    mod = recipes_table
     losses = pd.read_csv(RECIPES / "losses.csv")
     h = mod.head_to_head(losses, pairs=(("quartet", "luq_int4"),)).iloc[0]
     sub = losses[losses["precision"].isin(["quartet", "luq_int4"])]
