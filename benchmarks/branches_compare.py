@@ -91,19 +91,27 @@ def cut_cosine(ladder: Path, like: Path, out: Path) -> pd.DataFrame:
 
 
 def gaps(df: pd.DataFrame) -> pd.DataFrame:
-    """quartet − bf16 per (model, tokens, seed), paired by seed."""
-    wide = df.pivot_table(index=["model", "n_params", "tokens", "dn", "seed"], columns="precision",
-                          values="loss").reset_index()
-    wide = wide.dropna(subset=[BASE, PREC])
-    return wide.assign(loss=wide[PREC] - wide[BASE], precision=f"{PREC}-{BASE}")[
+    """quartet − bf16 per (model, tokens, seed), paired by seed (:func:`analysis.ladder.paired_gaps`), as rows of
+    precision ``quartet-bf16``."""
+    from analysis.ladder import paired_gaps
+
+    g = paired_gaps(df, BASE)
+    g = g[g["precision"] == PREC]
+    return g.assign(dn=(g["tokens"] / g["n_params"]).round().astype(int), loss=g["gap"], precision=f"{PREC}-{BASE}")[
         ["model", "n_params", "tokens", "dn", "seed", "precision", "loss"]]
 
 
 def seed_noise(df: pd.DataFrame) -> pd.DataFrame:
-    """sd over seeds per replicated (model, precision, tokens) of one set (loss rows and gap rows alike)."""
-    g = df.groupby(["model", "precision", "tokens"])["loss"]
-    sd = g.agg(["std", "count"]).reset_index()
-    return sd[sd["count"] >= 2].rename(columns={"std": "sd", "count": "seeds"})
+    """sd over seeds per replicated (model, precision, tokens) of one set's losses, and of quartet's paired gap as
+    precision ``quartet-bf16`` (:func:`analysis.ladder.seed_noise`)."""
+    from analysis.ladder import seed_noise as ladder_seed_noise
+
+    n = ladder_seed_noise(df, BASE)
+    cols = ["model", "precision", "tokens", "sd", "seeds"]
+    loss = n.rename(columns={"loss_sd": "sd"})[cols]
+    gap = n[n["precision"] == PREC].assign(precision=f"{PREC}-{BASE}").rename(columns={"gap_sd": "sd"})[cols]
+    out = pd.concat([loss, gap], ignore_index=True)
+    return out[(out["seeds"] >= 2) & out["sd"].notna()].reset_index(drop=True)
 
 
 def noise_for(noise: pd.DataFrame, model: str, precision: str, tokens: float) -> tuple[float, str]:
