@@ -17,7 +17,7 @@ oracle's.
 
 Division and subnormals: Inductor's Triton code divides with ``div.full.f32`` unless told otherwise — at most 2 ulp
 off, and flushing float32 subnormals to zero. Off by an ulp, a bf16 value that sits exactly on a rounding tie of
-the E2M1/E4M3 grid (most do: bf16 has 8 significant bits) rounds either way, and a group whose scale is a
+the E2M1/E4M3 grid (common: bf16 has 8 significant bits) rounds either way, and a group whose scale is a
 subnormal divides by zero (its zeros became NaN: two MXFP8 runs of the recipe table stopped on non-finite
 gradients). So the backend turns on Inductor's IEEE division (``div_rn``, as eager) and, where the installed
 PyTorch has the switch, libdevice without flush-to-zero (:func:`inductor_numerics`); powers of two are built from

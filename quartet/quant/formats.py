@@ -174,9 +174,8 @@ def floor_log2(v: torch.Tensor) -> torch.Tensor:
 
 def exact_pow2(e: torch.Tensor) -> torch.Tensor:
     """2^e as float32 for integer exponents e in [-149, 127], built from the float's bits: exact on every device and
-    under ``torch.compile``. ``torch.exp2`` is not: CUDA's exp2f is accurate to 2 ulp, not exact, and Inductor's
-    Triton kernels call libdevice with flush-to-zero, so 2^-130 came out 0 on an H100 and a group with that scale
-    divided by zero."""
+    under ``torch.compile``. ``torch.exp2`` need not be: CUDA documents exp2f to 2 ulp, and Inductor's Triton kernels
+    call libdevice with flush-to-zero, which returns 0 for a subnormal 2^e (pytorch/pytorch#125557)."""
     e = e.to(torch.int32)
     normal = (e + 127).clamp(min=1, max=254) << 23  # biased exponent in the exponent field, mantissa 0
     subnormal = torch.ones_like(e) << (e + 149).clamp(min=0, max=22)  # 2^-149 · 2^(e+149): one mantissa bit
