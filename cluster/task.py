@@ -27,6 +27,7 @@ collective, is written by all of them.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -226,6 +227,8 @@ SLOT_WAIT_S = 120.0
 ORPHAN_GRACE_S = 120.0
 #: how often a pool process checks that its launcher is alive
 WATCH_EVERY_S = 0.5
+#: an orphaned worker still alive this long after its grace (its interpreter wedged) is ended by a C-level timer
+EXIT_TIMER_SLACK_S = 10.0
 
 # State of this pool process, shared by local_worker (main thread) and the launcher watchdog thread.
 _current_trainer = None  # the trainer of the run being trained now (None between runs)
@@ -261,17 +264,40 @@ def _watch_launcher(launcher_pid: int) -> None:
     the worker was re-parented) or SIGTERM arrived (the launcher's PDEATHSIG, or a user) -> ask the
     current run to checkpoint and stop at the next step boundary, give it ``ORPHAN_GRACE_S``, then
     ``os._exit``. The kernel then drops the run's lock; state.json says ``preempted`` and the next
-    launch resumes from the checkpoint.
+    launch resumes from the checkpoint. A run that did not stop in its grace leaves every thread's stack in
+    its stdout.log; one whose interpreter is wedged is ended by :func:`_arm_exit_timer`.
     """
     while not _orphaned.wait(WATCH_EVERY_S):
         if os.getppid() != launcher_pid:
             _orphaned.set()
     trainer = _current_trainer
     if trainer is not None:
+        _arm_exit_timer(ORPHAN_GRACE_S + EXIT_TIMER_SLACK_S)
         trainer.request_stop()
-        _run_finished.wait(ORPHAN_GRACE_S)
+        if not _run_finished.wait(ORPHAN_GRACE_S):  # it did not stop in time: leave where it was in the log
+            import faulthandler
+
+            with contextlib.suppress(ValueError, OSError, AttributeError, RuntimeError):
+                faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
     # no run in progress (or preparing data, with nothing of the run written yet): nothing to save
     os._exit(1)
+
+
+def _arm_exit_timer(seconds: float) -> None:
+    """The last resort of an orphaned worker: after ``seconds``, write every thread's Python stack to stderr (the
+    run's stdout.log while a run is in progress) and ``_exit(1)``.
+
+    The watchdog's own ``os._exit`` needs the interpreter: a main thread wedged while holding the GIL (a C call
+    that blocks without releasing it) would keep a dead launcher's worker -- and its GPU -- forever. faulthandler's
+    timer is a C thread that needs no GIL, and the stacks it leaves say where the run was stuck."""
+    import faulthandler
+
+    for stream in (sys.stderr, sys.__stderr__):
+        try:
+            faulthandler.dump_traceback_later(seconds, exit=True, file=stream)
+            return
+        except (ValueError, OSError, AttributeError, TypeError, RuntimeError):  # closed, None, or no file descriptor
+            continue
 
 
 def _on_sigterm(signum, frame) -> None:

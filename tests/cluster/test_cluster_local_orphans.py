@@ -76,6 +76,8 @@ def _pool_workers(launcher: int) -> list[int]:
 #: and below the watchdog's grace (task.ORPHAN_GRACE_S) so a worker that ignored the stop request still fails here.
 EXIT_WITHIN_S = 60.0
 assert EXIT_WITHIN_S < task.ORPHAN_GRACE_S
+#: by then a worker that did not stop has written its threads' stacks and exited (task._arm_exit_timer)
+STACKS_WITHIN_S = task.ORPHAN_GRACE_S + task.EXIT_TIMER_SLACK_S + 20.0
 
 
 def _where(workers: list[int], runs: list[Path]) -> str:
@@ -94,6 +96,9 @@ def _where(workers: list[int], runs: list[Path]) -> str:
         tail = log.read_text().splitlines()[-2:] if log.is_file() else []
         state = (d / "state.json").read_text().strip() if (d / "state.json").is_file() else "no state.json"
         parts.append(f"{d.name}: {state}; train.log ends {tail}")
+        out = d / "stdout.log"  # a worker still stuck after its grace leaves every thread's stack here
+        if out.is_file() and out.read_text().strip():
+            parts.append(f"{d.name} stdout.log ends:\n" + "\n".join(out.read_text().splitlines()[-60:]))
     return "; ".join(parts)
 
 
@@ -137,8 +142,14 @@ def _kill_launcher_mid_run(sweep: str, root: Path) -> tuple[list[Path], list[int
         t0 = time.time()
         while any(_alive(p) for p in workers) and time.time() - t0 < EXIT_WITHIN_S:
             time.sleep(0.1)
-        assert not any(_alive(p) for p in workers), (
-            f"workers {workers} outlived their launcher by {time.time() - t0:.0f} s: {_where(workers, runs)}")
+        if any(_alive(p) for p in workers):
+            late = time.time() - t0
+            # failing: wait for the worker's last resort (its stacks in stdout.log, then exit) to say where it hung
+            while any(_alive(p) for p in workers) and time.time() - t0 < STACKS_WITHIN_S:
+                time.sleep(0.5)
+            raise AssertionError(f"workers {workers} outlived their launcher by {late:.0f} s (alive after "
+                                 f"{time.time() - t0:.0f} s: {[p for p in workers if _alive(p)]}): "
+                                 f"{_where(workers, runs)}")
     finally:
         _kill_group(proc, workers)
     # each run was held by the pool process training it (not by the launcher), naming the launch
@@ -283,3 +294,40 @@ def test_sigint_stops_a_background_launcher_and_unstarted_runs_stay_new(tmp_path
     assert status_main(["bg", "--runs-dir", str(root)]) == 0
     out = capsys.readouterr().out
     assert "unrecorded host" not in out and f"{len(unstarted)} new" in out and "running" not in out
+
+
+WEDGED_WORKER = """
+import ctypes, threading, time
+from cluster import task
+
+class NeverStops:  # a trainer that never reaches its next step boundary
+    def request_stop(self):
+        pass
+
+task.ORPHAN_GRACE_S, task.EXIT_TIMER_SLACK_S = 3.0, 1.0
+task._current_trainer = NeverStops()
+task._run_finished.clear()
+threading.Thread(target=task._watch_launcher, args=(-1,), daemon=True).start()  # launcher -1: already gone
+while not task._orphaned.is_set():
+    time.sleep(0.01)
+time.sleep(0.5)  # the watchdog arms its timer right after it sees the launcher gone
+
+def wedged_in_c_holding_the_gil():
+    ctypes.PyDLL(None).pause()  # PyDLL keeps the GIL: no Python thread runs again, os._exit included
+
+wedged_in_c_holding_the_gil()
+"""
+
+
+def test_an_orphaned_worker_wedged_holding_the_gil_still_exits_and_leaves_its_stacks():
+    """The watchdog's os._exit needs the interpreter; a worker whose main thread blocks in C while holding the GIL
+    is ended by the C-level timer armed when its launcher died, and its stderr (the run's stdout.log in a pool)
+    says where it hung."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    t0 = time.time()
+    proc = subprocess.run([sys.executable, "-c", WEDGED_WORKER], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=60)
+    took = time.time() - t0
+    assert proc.returncode == 1, (proc.returncode, proc.stderr)
+    assert took >= 3.0, took  # not before the grace: a stop that comes in time is never cut short
+    assert "wedged_in_c_holding_the_gil" in proc.stderr and "Timeout" in proc.stderr, proc.stderr
