@@ -272,8 +272,11 @@ def local_pool(profile: ClusterProfile, n_runs: int, gpus: int | None = None):
         for slot in gpu_slots(gpus, profile.workers_per_gpu, os.environ.get("CUDA_VISIBLE_DEVICES")):
             slots.put(slot)
     # os.getpid(): each worker watches this launcher and exits when it dies (cluster.task._watch_launcher)
+    # runs trained at once on one GPU (slots go round robin over GPUs): recorded in each run's state.json, so the
+    # device-hours it took can be measured later (cluster.plan.calibrate)
+    per_gpu = min(max(1, profile.workers_per_gpu), -(-size // gpus)) if gpus else None
     return ProcessPoolExecutor(max_workers=size, mp_context=ctx, initializer=_init_local_worker,
-                               initargs=(threads, slots, os.getpid()))
+                               initargs=(threads, slots, os.getpid(), per_gpu))
 
 
 @contextlib.contextmanager

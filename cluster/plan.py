@@ -204,6 +204,67 @@ def build_plan(spec: SweepSpec, profile: ClusterProfile, runs_root: Path, extra:
     return plan
 
 
+#: a precision gets its own calibration ratio from this many measured runs; with fewer, the sweep-wide ratio
+CALIBRATE_MIN_RUNS = 3
+
+
+@dataclass
+class Calibration:
+    """The sweep's completed runs: the device-hours they took against the profile's estimate of the same runs.
+
+    The profile's estimate (6·N·D at ``peak · mfu · speedup``) is a budget; small models run far below any one
+    MFU, so a sweep that has finished some runs measures its own ratio and scales the rest by it -- per precision
+    where that precision has :data:`CALIBRATE_MIN_RUNS` measured runs, else sweep-wide."""
+
+    runs: int
+    measured_h: float
+    estimated_h: float
+    by_precision: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def ratio(self) -> float:
+        """Measured / estimated device-hours over every measured run."""
+        return self.measured_h / self.estimated_h
+
+    def hours(self, run: PlannedRun) -> float:
+        """The run's estimate scaled by its precision's ratio (else the sweep-wide one)."""
+        return run.hours * self.by_precision.get(run.precision, self.ratio)
+
+
+def _device_share(summary: dict, state: dict, profile: ClusterProfile) -> float:
+    """Devices a finished run held while it trained: its world size; in a local GPU pool that packs k runs per GPU,
+    1/k of one (``runs_per_gpu`` in its state.json, else this profile's ``workers_per_gpu``)."""
+    world = max(1, int(summary.get("world_size") or 1))
+    if state.get("gpu") is None or not str(state.get("job_id") or "").startswith("local-"):
+        return float(world)
+    per_gpu = state.get("runs_per_gpu") or max(1, profile.workers_per_gpu)
+    return world / float(per_gpu)
+
+
+def calibrate(plan: Plan) -> Calibration | None:
+    """Measured vs estimated device-hours of the plan's completed runs (budget-branch trunks and branches left out:
+    a branch's clock includes its trunk's); None when none has a usable ``wall_clock_s``."""
+    measured: dict[str, list[float]] = {}
+    for r in plan.runs:
+        if r.state != "done" or r.role or r.hours <= 0:
+            continue
+        summary = runstate.read_json(r.run_dir / runstate.SUMMARY) or {}
+        wall = summary.get("wall_clock_s")
+        if not isinstance(wall, (int, float)) or not math.isfinite(wall) or wall <= 0:
+            continue
+        share = _device_share(summary, runstate.read_json(r.run_dir / runstate.STATE) or {}, plan.profile)
+        m = measured.setdefault(r.precision, [0.0, 0.0, 0])
+        m[0] += wall / 3600.0 * share
+        m[1] += r.hours
+        m[2] += 1
+    if not measured:
+        return None
+    return Calibration(runs=sum(int(m[2]) for m in measured.values()),
+                       measured_h=sum(m[0] for m in measured.values()),
+                       estimated_h=sum(m[1] for m in measured.values()),
+                       by_precision={p: m[0] / m[1] for p, m in measured.items() if m[2] >= CALIBRATE_MIN_RUNS})
+
+
 def _run_error(point: RunPoint, exc: BaseException) -> str:
     """One line naming the run and what is wrong with it (non-project errors keep their type name)."""
     what = _one_line(exc) if isinstance(exc, QuartetError) else f"{type(exc).__name__}: {_one_line(exc)}"
@@ -344,6 +405,13 @@ def render_plan(plan: Plan, console=None, max_rows: int | None = None) -> None:
         + f" | to submit: {len(plan.pending())} | {dev}-hours: {todo_h:.4g} to run, {total_h:.4g} for the whole sweep"
         + f" | FLOPs total {_si(sum(r.flops for r in plan.runs))}"
     )
+    cal = calibrate(plan)
+    if cal is not None:
+        ratios = sorted(cal.by_precision.values())
+        spread = f"; per precision {ratios[0]:.2g}-{ratios[-1]:.2g}x" if len(ratios) > 1 else ""
+        console.print(f"measured: {cal.runs} completed run(s) took {cal.measured_h:.4g} {dev}-hours where the profile "
+                      f"estimates {cal.estimated_h:.4g} ({cal.ratio:.2g}x{spread}); scaled by it: "
+                      f"{sum(cal.hours(r) for r in plan.pending()):.4g} {dev}-hours to run")
     if any(r.role for r in plan.runs):
         alone = sum(r.hours_alone or 0.0 for r in plan.runs)
         console.print(f"budget branches: {sum(r.role == 'trunk' for r in plan.runs)} trunks + "

@@ -30,7 +30,9 @@ GPU-hours estimate (printed by the plan; a budget, not a promise)::
 
 with N non-embedding parameters, D tokens, ``peak_flops_per_gpu`` the dense BF16 peak, ``mfu`` the
 model-FLOPs utilisation you expect and ``speedup`` an optional per-precision factor (1.0 when not
-listed: the reference quantized path is emulated in BF16, so it is not faster).
+listed: the reference quantized path is emulated in BF16, so it is not faster). Once runs of a sweep have
+finished, the plan measures their device-hours against this estimate and scales the rest by the ratio
+(:func:`cluster.plan.calibrate`).
 """
 from __future__ import annotations
 

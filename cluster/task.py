@@ -189,6 +189,8 @@ class RunTask(submitit.helpers.Checkpointable):
 #: environment of a pinned pool worker: its slot in the pool's GPU list and the physical GPU
 GPU_SLOT_ENV = "QUARTET_GPU_SLOT"
 GPU_ENV = "QUARTET_GPU"
+#: runs the local pool trains at once on one GPU (recorded in state.json as ``runs_per_gpu``)
+RUNS_PER_GPU_ENV = "QUARTET_RUNS_PER_GPU"
 
 
 class LocalResult(NamedTuple):
@@ -306,14 +308,16 @@ def _on_sigterm(signum, frame) -> None:
     _orphaned.set()
 
 
-def _init_local_worker(threads: int, slots=None, launcher_pid: int | None = None) -> None:
+def _init_local_worker(threads: int, slots=None, launcher_pid: int | None = None,
+                       runs_per_gpu: int | None = None) -> None:
     """Pool initializer: its GPU slot (if any), a fixed number of torch threads, SIGINT to the parent,
     and a watchdog that makes it exit with its launcher ``launcher_pid`` (see :func:`_watch_launcher`).
 
     ``slots`` is a multiprocessing queue of :func:`gpu_slots` entries holding exactly one per pool
     process, so no GPU ever gets more than ``workers_per_gpu`` workers. The slot is taken and
     CUDA_VISIBLE_DEVICES set before torch is imported here: CUDA reads the variable when it
-    initialises, so the trainer's ``cuda:0`` is this worker's GPU.
+    initialises, so the trainer's ``cuda:0`` is this worker's GPU. ``runs_per_gpu`` (how many runs share a GPU
+    in this pool) is recorded in each run's state.json, for the plan's measured device-hours.
     """
     if slots is not None:
         import queue
@@ -325,6 +329,8 @@ def _init_local_worker(threads: int, slots=None, launcher_pid: int | None = None
         os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)
         os.environ[GPU_SLOT_ENV] = str(slot)
         os.environ[GPU_ENV] = str(gpu)
+        if runs_per_gpu:
+            os.environ[RUNS_PER_GPU_ENV] = str(runs_per_gpu)
     os.environ["OMP_NUM_THREADS"] = str(threads)
     os.environ["MKL_NUM_THREADS"] = str(threads)
     import torch
@@ -413,7 +419,9 @@ def local_worker(run_dir: str, job_id: str) -> LocalResult:
         watcher_done.set()
         if gpu is not None and not skipped:
             try:
-                runstate.write_state(run_path, gpu=_gpu_record(gpu), worker_pid=os.getpid())
+                per_gpu = os.environ.get(RUNS_PER_GPU_ENV)
+                runstate.write_state(run_path, gpu=_gpu_record(gpu), worker_pid=os.getpid(),
+                                     **({"runs_per_gpu": int(per_gpu)} if per_gpu else {}))
             except OSError:
                 pass
         sys.stdout.flush()

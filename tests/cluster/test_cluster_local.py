@@ -12,6 +12,8 @@ import pytest
 
 from cluster import runstate
 from cluster.launch import cli_main as sweep_main
+from cluster.launch import make_plan
+from cluster.plan import calibrate
 from cluster.status import cli_main as status_main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -61,6 +63,19 @@ def test_local_sweep_end_to_end_idempotent_and_rerun_one(tmp_path, sweep_file, c
 
     assert status_main(["tsmoke", "--runs-dir", str(root)]) == 0
     assert "4 runs: 4 completed" in capsys.readouterr().out
+
+    # the plan measures the finished runs against the profile's estimate (a CPU pool: one worker per run)
+    plan = make_plan(sweep_file, None, [], str(root))
+    cal = calibrate(plan)
+    assert cal.runs == 4
+    assert cal.measured_h == pytest.approx(sum(s["wall_clock_s"] for s in again.values()) / 3600)
+    assert cal.estimated_h == pytest.approx(sum(r.hours for r in plan.runs))
+    for r in plan.runs:  # per precision where it has >= 3 measured runs, else sweep-wide
+        mine = [again[q.run_id]["wall_clock_s"] / 3600 for q in plan.runs if q.precision == r.precision]
+        ratio = sum(mine) / sum(q.hours for q in plan.runs if q.precision == r.precision) if len(mine) >= 3 else cal.ratio
+        assert cal.hours(r) == pytest.approx(r.hours * ratio)
+    assert sweep_main([sweep_file, "--runs-dir", str(root), "--dry-run"]) == 0
+    assert f"measured: 4 completed run(s) took {cal.measured_h:.4g} CPU-hours" in capsys.readouterr().out
 
 
 def test_crashing_run_is_failed_with_traceback_others_finish(tmp_path, sweep_file, capsys):

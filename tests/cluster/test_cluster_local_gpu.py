@@ -17,7 +17,7 @@ import pytest
 from cluster import profiles, runstate
 from cluster.launch import cli_main as sweep_main
 from cluster.launch import local_pool, make_plan
-from cluster.plan import render_plan
+from cluster.plan import calibrate, render_plan
 from cluster.profiles import describe_local, load_profile, local_gpus, local_pool_size, resources_for
 from cluster.task import gpu_slots
 from quartet.errors import ConfigError
@@ -180,6 +180,12 @@ def test_sweep_on_gpu_pool_end_to_end(tmp_path, files, monkeypatch, capsys):
     assert all(len(g) == 1 for g in gpu_of_pid.values())
     for gpu in (0, 1):
         assert sum(1 for g in gpu_of_pid.values() if g == {gpu}) <= 2
+    # each run records how many runs shared its GPU: its device-hours are half its wall clock
+    assert {s["runs_per_gpu"] for s in states} == {2}
+    plan = make_plan(files[1], files[0], [f"data.dir={data}"], str(root))
+    cal = calibrate(plan)
+    walls = [json.loads((d / "summary.json").read_text())["wall_clock_s"] for d in (root / "tgpu").iterdir() if d.is_dir()]
+    assert cal.runs == 4 and cal.measured_h == pytest.approx(sum(walls) / 2 / 3600)
     for d in (root / "tgpu").iterdir():
         if d.is_dir():
             assert not (d / runstate.CLAIM).exists()

@@ -374,3 +374,15 @@ def test_status_of_a_misspelled_sweep_suggests_commands_that_work(tmp_path, caps
     assert capsys.readouterr().err.strip() == (f"quartet status: no runs of sweep 'smoke' under {runs} yet (launch it "
                                                f"with: quartet sweep smoke --runs-dir {runs})")
     assert sweep_main(["smoke", "--runs-dir", str(runs), "--dry-run"]) == 0  # which works
+
+
+def test_device_share_of_a_finished_run():
+    """Device-hours per wall-clock hour: the world size on Slurm, 1/k of a GPU in a local pool packing k runs per GPU
+    (recorded, else the profile's), one worker in a CPU pool."""
+    from cluster.plan import _device_share
+
+    gpu_pool = load_profile("local_gpu")
+    assert _device_share({"world_size": 1}, {"job_id": "local-7", "gpu": 0, "runs_per_gpu": 2}, gpu_pool) == 0.5
+    assert _device_share({"world_size": 1}, {"job_id": "local-7", "gpu": 3}, gpu_pool) == 1 / gpu_pool.workers_per_gpu
+    assert _device_share({"world_size": 1}, {"job_id": "local-7"}, load_profile("local")) == 1.0
+    assert _device_share({"world_size": 8}, {"job_id": "123_4", "gpu": None}, load_profile("slurm_hopper")) == 8.0
