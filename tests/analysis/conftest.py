@@ -50,3 +50,8 @@ def recipes_table():
 @pytest.fixture(scope="session")
 def design():
     return _benchmark_script("recipes_design")
+
+
+@pytest.fixture(scope="session")
+def oracle_sensitivity():
+    return _benchmark_script("oracle_sensitivity")
