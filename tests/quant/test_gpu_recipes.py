@@ -6,7 +6,8 @@ Three checks per recipe (``quartet.quant.schemes.RECIPES``):
    backend) is a fast one, never the eager oracle;
 2. a block linear's forward output and weight gradient carry no more quantization error than the CPU oracle's
    (same weights, bf16-valued inputs, seeds; stochastic rounding draws differ between the devices' generators),
-   and where the GPU path is ``compiled`` (the oracle's own code) its forward equals the oracle's to 1%;
+   and its forward equals the oracle's -- rounded to bf16 between the layers where the fast layer emits bf16 --
+   within 1% (1.5x the oracle's own drift under a reordered sum where that is larger: quartet);
 3. a short training run on the GPU stays finite and learns.
 
 The ``compiled`` backend is also checked quantizer by quantizer against the eager oracle on the same GPU and the
@@ -76,6 +77,16 @@ def _run(m, device: str, step: int = 1):
     return y.detach().float().cpu(), m[0].weight.grad.float().cpu()
 
 
+def _oracle_sensitivity():
+    """benchmarks/oracle_sensitivity.py as a module (the two layers there are :func:`_pair`'s, on the CPU oracle)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("oracle_sensitivity", REPO / "benchmarks" / "oracle_sensitivity.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm())
 
@@ -85,18 +96,24 @@ def test_recipe_block_linear_on_gpu_matches_the_cpu_oracle(name, monkeypatch):
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     gpu, plan = _pair("cuda", name, "auto")
     assert plan.backend != "reference", f"{name}: auto fell back to the eager oracle on the GPU"
+    between: list[torch.dtype] = []
+    gpu[0].register_forward_hook(lambda _m, _i, out: between.append(out.dtype))
     y_gpu, g_gpu = _run(gpu, "cuda")
     cpu, _ = _pair("cpu", name, "reference")
+    if between[0] == torch.bfloat16:  # the fast first layer hands the second bf16 (fused, FP8 layers): so does the oracle
+        cpu[0].register_forward_hook(lambda _m, _i, out: out.bfloat16().float())
     y_cpu, g_cpu = _run(cpu, "cpu")
     hp, _ = _pair("cpu", "bf16", "reference")
     y_hp, g_hp = _run(hp, "cpu")
     assert torch.isfinite(y_gpu).all() and torch.isfinite(g_gpu).all()
-    # forward: no more quantization error than the oracle's; the compiled path runs the oracle's own code, so its
-    # output is the oracle's up to a rare rounding-boundary flip and the GEMM's accumulation order
+    # forward: no more quantization error than the oracle's
     err_gpu, err_cpu = _rel(y_gpu, y_hp), _rel(y_cpu, y_hp)
     assert err_gpu <= 1.25 * err_cpu + 2e-3, (name, plan.backend, err_gpu, err_cpu)
-    if plan.backend == "compiled":
-        assert _rel(y_gpu, y_cpu) < 1e-2, (name, plan.backend, _rel(y_gpu, y_cpu))
+    # and the oracle's output, rounded where the fast path rounds, up to its GEMMs' summation order: how far that
+    # moves the output is measured on the oracle (benchmarks/oracle_sensitivity.py: 0.1-0.3% of its norm, 2% for
+    # quartet, whose first layer puts a fifth of its outputs exactly on bf16 ties)
+    drift = _oracle_sensitivity().measure(name, draws=3, noise=1e-5)["reordered_max"]
+    assert _rel(y_gpu, y_cpu) < max(1e-2, 1.5 * drift), (name, plan.backend, _rel(y_gpu, y_cpu), drift)
     # backward: the GPU's quantization error of the weight gradient is the oracle's (not a broken scale or axis)
     err_gpu, err_cpu = _rel(g_gpu, g_hp), _rel(g_cpu, g_hp)
     assert err_gpu <= 1.25 * err_cpu + 2e-3, (name, plan.backend, err_gpu, err_cpu)
