@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from analysis_testdata import synthetic_rows, write_run
+from repo_scripts import load_script
 
 
 @pytest.fixture
@@ -26,32 +27,12 @@ def runs_dir(tmp_path: Path) -> Path:
     return root
 
 
-def _benchmark_script(name: str):
-    """A script of ``benchmarks/`` loaded as a module (the folder is not a package)."""
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def _script_fixture(script: str, name: str):
+    """A session fixture named ``name``: ``benchmarks/<script>.py`` loaded as a module."""
+    return pytest.fixture(scope="session", name=name)(lambda: load_script(f"benchmarks/{script}.py"))
 
 
-@pytest.fixture(scope="session")
-def branches_compare():
-    return _benchmark_script("branches_compare")
-
-
-@pytest.fixture(scope="session")
-def recipes_table():
-    return _benchmark_script("recipes_table")
-
-
-@pytest.fixture(scope="session")
-def design():
-    return _benchmark_script("recipes_design")
-
-
-@pytest.fixture(scope="session")
-def oracle_sensitivity():
-    return _benchmark_script("oracle_sensitivity")
+branches_compare = _script_fixture("branches_compare", "branches_compare")
+recipes_table = _script_fixture("recipes_table", "recipes_table")
+design = _script_fixture("recipes_design", "design")
+oracle_sensitivity = _script_fixture("oracle_sensitivity", "oracle_sensitivity")

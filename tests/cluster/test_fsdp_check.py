@@ -2,7 +2,6 @@
 tiny models, every part, started through its shell wrapper as on the GPU machine; then what its JSON says."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -10,16 +9,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from repo_scripts import load_script
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "cluster" / "scripts" / "fsdp_check.py"
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("fsdp_check", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("cluster/scripts/fsdp_check.py")
 
 
 def _run(tmp_path: Path, *args: str, timeout: float = 560) -> tuple[subprocess.CompletedProcess, dict]:

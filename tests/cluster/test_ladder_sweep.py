@@ -5,6 +5,7 @@ from pathlib import Path
 
 from cluster.launch import make_plan
 from cluster.spec import expand, load_sweep
+from repo_scripts import load_script
 
 #: the staircase of docs/ladder.md: D/N per size
 STAIRCASE = {"llama_1m": {"dn10", "dn20", "dn40", "dn80", "dn160"}, "llama_3m": {"dn10", "dn20", "dn40", "dn80"},
@@ -68,7 +69,6 @@ def test_lr_probe_sweep_and_its_rule(tmp_path: Path):
     """sweeps/ladder_1m_lr.yaml: llama_1m in bf16 only, 4 LRs x 2 budgets x 3 seeds (each with its data order); the
     rule of benchmarks/ladder_lr_probe.py picks the lowest mean over seeds and budgets, refuses an unfinished
     probe, and rewrites only the model YAML's lr line."""
-    import importlib.util
     import json
 
     import pytest
@@ -80,10 +80,7 @@ def test_lr_probe_sweep_and_its_rule(tmp_path: Path):
             for r in runs}
     assert len(keys) == 24 and {k[0] for k in keys} == {0.003, 0.006, 0.012, 0.024}
 
-    spec = importlib.util.spec_from_file_location("ladder_lr_probe", Path(__file__).resolve().parents[2]
-                                                  / "benchmarks" / "ladder_lr_probe.py")
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)
+    probe = load_script("benchmarks/ladder_lr_probe.py")
     folder = tmp_path / "probe"
     # lr 0.006 is best on average although 0.003 wins at D/N 10
     losses = {(0.003, 10): 3.30, (0.003, 40): 2.40, (0.006, 10): 3.35, (0.006, 40): 2.25}

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from quartet.kernels import bench as B
+from repo_scripts import load_script
 from quartet.kernels.timing import input_sets, percentile, rotating, time_callable, time_interleaved
 
 
@@ -240,12 +241,7 @@ def test_meta_records_the_commit_it_was_given_over_the_copy_s_git_head(monkeypat
 
 def _benchmark(name: str):
     """A script of ``benchmarks/`` loaded as a module (the folder is not a package)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(name, B.REPO / "benchmarks" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(f"benchmarks/{name}.py")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU smoke run needs Triton's interpreter (CPU-only machines)")

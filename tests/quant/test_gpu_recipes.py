@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from repo_scripts import load_script
 
 pytestmark = pytest.mark.gpu
 
@@ -77,16 +78,6 @@ def _run(m, device: str, step: int = 1):
     return y.detach().float().cpu(), m[0].weight.grad.float().cpu()
 
 
-def _oracle_sensitivity():
-    """benchmarks/oracle_sensitivity.py as a module (the two layers there are :func:`_pair`'s, on the CPU oracle)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("oracle_sensitivity", REPO / "benchmarks" / "oracle_sensitivity.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm())
 
@@ -109,7 +100,7 @@ def forward_drift_bound(name: str) -> float:
     """How far a correct fast forward may sit from the (matched) oracle: 1% of its norm, or 1.5x the oracle's own
     drift under a reordered sum where that is larger (benchmarks/oracle_sensitivity.py: 0.1-0.3% for most recipes,
     2% for quartet, whose first layer puts a fifth of its outputs exactly on bf16 ties)."""
-    return max(1e-2, 1.5 * _oracle_sensitivity().measure(name, draws=3, noise=1e-5)["reordered_max"])
+    return max(1e-2, 1.5 * load_script("benchmarks/oracle_sensitivity.py").measure(name, draws=3, noise=1e-5)["reordered_max"])
 
 
 @pytest.mark.parametrize("name", _recipes())
