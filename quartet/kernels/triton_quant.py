@@ -37,7 +37,7 @@ import os
 
 import torch
 
-from quartet.quant.formats import floor_log2
+from quartet.quant.formats import exact_pow2, floor_log2
 
 try:  # Triton ships with CUDA builds of torch; on a CPU box it is optional (interpreter mode for tests).
     import triton
@@ -978,7 +978,7 @@ def mx_quantize(
         out.row_scale = rs
     elif fp8 is not None and mode != MODE_BLOCK:
         # row scale 2^(e_row - shift) [x4/3]; exact powers of two in float32
-        out.row_scale = (torch.exp2((out.rowexp - out.fp8_shift).to(torch.float32)) * out.factor).unsqueeze(1)
+        out.row_scale = (exact_pow2(out.rowexp - out.fp8_shift) * out.factor).unsqueeze(1)
     return out
 
 

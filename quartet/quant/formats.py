@@ -216,7 +216,7 @@ def round_to_e4m3_stochastic(v: torch.Tensor, generator: torch.Generator | None 
     unchanged (p = 0). One uniform per element from ``generator``; NaN stays NaN."""
     v = v.float()
     a = v.abs().clamp(max=E4M3_MAX)
-    spacing = torch.exp2((floor_log2(a).clamp(min=-6) - 3).float())  # (a = 0: any spacing gives lo = 0, p = 0)
+    spacing = exact_pow2(floor_log2(a).clamp(min=-6) - 3)  # (a = 0: any spacing gives lo = 0, p = 0)
     lo = torch.floor(a / spacing) * spacing
     up = _uniform(a.shape, generator, a.device) < (a - lo) / spacing
     return torch.copysign(lo + up.float() * spacing, v)

@@ -44,6 +44,7 @@ from quartet.quant.formats import (
     E2M1_MAX,
     FLOAT32_TINY,
     absmax_scale,
+    exact_pow2,
     floor_log2,
     fp8_quantize,
     int4_quantize,
@@ -220,7 +221,7 @@ def luq_quantize(x: torch.Tensor, generator: torch.Generator | None = None, leve
     # Stochastic underflow below the smallest level.
     under = torch.where(u * alpha < a, alpha, torch.zeros_like(a))
     # Log SR between lo = 2^floor(log2 a) (relative to amax, exact exponent) and 2·lo.
-    lo = torch.exp2(floor_log2(torch.clamp(a, min=alpha) / amax).float()) * amax
+    lo = exact_pow2(floor_log2(torch.clamp(a, min=alpha) / amax)) * amax
     up = u < (a - lo) / lo
     over = torch.where(up, 2 * lo, lo).clamp(max=amax)
     q = torch.where(a < alpha, under, over)
