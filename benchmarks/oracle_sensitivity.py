@@ -35,42 +35,53 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 
-def precision(name: str):
-    """The recipe's shipped precision config (conf/precision/<name>.yaml) on the eager oracle."""
+def precision(name: str, **overrides):
+    """The recipe's shipped precision config (conf/precision/<name>.yaml), with ``overrides`` (e.g. ``backend``)."""
     from quartet.quant.config import PrecisionConfig
 
     raw = yaml.safe_load((REPO / "conf" / "precision" / f"{name}.yaml").read_text())
-    raw.update(backend="reference", keep_bf16=[])
+    raw.update(overrides)
     return PrecisionConfig(**raw)
 
 
-def two_layers(name: str):
-    """The GPU tests' two block linears, bf16-valued weights, converted to recipe ``name`` (seed 5)."""
+def two_layers(name: str, device: str = "cpu", backend: str = "reference"):
+    """``(model, plan)``: the GPU tests' two block linears 256 -> 512 -> 256 (multiples of 128: every fused layer
+    covers them), bf16-valued weights (the fused layers quantize bf16 copies of W), converted to recipe ``name`` on
+    ``backend`` (seed 5). The fast backends register themselves first, as the trainer's kernels do."""
     from torch import nn
 
     from quartet.model import BlockLinear
+    from quartet.plugins import load_kernels
     from quartet.quant import apply_precision
 
+    load_kernels()
     torch.manual_seed(0)
     m = nn.Sequential(BlockLinear(256, 512), BlockLinear(512, 256))
     with torch.no_grad():
         for p in m.parameters():
             p.copy_(p.bfloat16().float())
-    apply_precision(m, precision(name), seed=5, device="cpu")
-    return m
+    m = m.to(device)
+    # keep_bf16 names Llama blocks; these two layers are all the model there is
+    plan = apply_precision(m, precision(name, backend=backend, keep_bf16=[]), seed=5, device=device)
+    return m, plan
+
+
+def block_input(device: str = "cpu") -> torch.Tensor:
+    """The tests' input: bf16-valued (what the block linears see under the trainer's bf16 autocast, exact on every
+    path), seed 1."""
+    return torch.randn(4, 128, 256, generator=torch.Generator().manual_seed(1)).bfloat16().float().to(device)
 
 
 def output(name: str, between=None) -> torch.Tensor:
-    """The two layers' forward output on the GPU tests' input; ``between`` rewrites the first layer's output."""
+    """The two layers' forward output on the oracle; ``between`` rewrites the first layer's output."""
     from quartet.quant import set_step
 
-    m = two_layers(name)
+    m, _ = two_layers(name)
     if between is not None:
         m[0].register_forward_hook(lambda _m, _i, o: between(o))
     set_step(m, 1)
-    x = torch.randn(4, 128, 256, generator=torch.Generator().manual_seed(1)).bfloat16().float()
     with torch.no_grad():
-        return m(x).float()
+        return m(block_input()).float()
 
 
 def bf16_tie_share(t: torch.Tensor) -> float:

@@ -25,7 +25,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 from repo_scripts import load_script
 
 pytestmark = pytest.mark.gpu
@@ -39,47 +38,25 @@ def _recipes():
     return [r for r in RECIPES if r != "bf16"]
 
 
-def _precision(name: str, **kw):
-    from quartet.quant.config import PrecisionConfig
-
-    raw = yaml.safe_load((REPO / "conf" / "precision" / f"{name}.yaml").read_text())
-    raw.update(kw)
-    return PrecisionConfig(**raw)
+#: the two layers, their input and the oracle's drift measurements (one definition for this test and the benchmark)
+PAIR = load_script("benchmarks/oracle_sensitivity.py")
+_precision = PAIR.precision
 
 
 def _pair(device: str, name: str, backend: str):
-    """Two block linears 256 -> 512 -> 256 (multiples of 128: every fused layer covers them) converted to ``name``."""
-    from torch import nn
-
-    from quartet.model import BlockLinear
-    from quartet.plugins import load_kernels
-    from quartet.quant import apply_precision
-
-    load_kernels()  # as the trainer does once it has picked the device: the fast backends register themselves
-    torch.manual_seed(0)
-    m = nn.Sequential(BlockLinear(256, 512), BlockLinear(512, 256))
-    with torch.no_grad():  # bf16 weights, as the fused layers quantize bf16 copies of W (docs/kernels.md)
-        for p in m.parameters():
-            p.copy_(p.bfloat16().float())
-    m = m.to(device)
-    # keep_bf16 names Llama blocks; these two layers are all the model there is
-    plan = apply_precision(m, _precision(name, backend=backend, keep_bf16=[]), seed=5, device=device)
-    return m, plan
+    return PAIR.two_layers(name, device, backend)
 
 
 def _run(m, device: str, step: int = 1):
     from quartet.quant import set_step
 
     set_step(m, step)
-    # bf16-valued inputs: what the block linears see under the trainer's bf16 autocast, and exact on both paths
-    x = torch.randn(4, 128, 256, generator=torch.Generator().manual_seed(1)).bfloat16().float().to(device)
-    y = m(x)
+    y = m(PAIR.block_input(device))
     y.float().square().mean().backward()
     return y.detach().float().cpu(), m[0].weight.grad.float().cpu()
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).norm() / b.norm())
+_rel = PAIR.rel
 
 
 def run_fast_and_oracle(name: str, fast, device: str):
@@ -100,7 +77,7 @@ def forward_drift_bound(name: str) -> float:
     """How far a correct fast forward may sit from the (matched) oracle: 1% of its norm, or 1.5x the oracle's own
     drift under a reordered sum where that is larger (benchmarks/oracle_sensitivity.py: 0.1-0.3% for most recipes,
     2% for quartet, whose first layer puts a fifth of its outputs exactly on bf16 ties)."""
-    return max(1e-2, 1.5 * load_script("benchmarks/oracle_sensitivity.py").measure(name, draws=3, noise=1e-5)["reordered_max"])
+    return max(1e-2, 1.5 * PAIR.measure(name, draws=3, noise=1e-5)["reordered_max"])
 
 
 @pytest.mark.parametrize("name", _recipes())
