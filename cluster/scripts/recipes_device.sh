@@ -12,6 +12,8 @@
 # On a machine with the project installed none of this is needed: docs/recipes.md gives the plain commands.
 # Results go to $OUT (default .cache/recipes_out): logs, gpu_tests.txt, recipe_speed.json, runs.tar.gz (every
 # run's small files). RECIPES_RESTORE=<runs.tar.gz of an earlier lease> puts finished runs back first.
+# GPU_TESTS: pytest arguments; in sweep mode ';' separates groups that run side by side beside the sweep (the call
+# also waits for them), in probe mode "none" skips the tests so that the speeds are timed alone.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 mode=${1:-probe}
@@ -43,7 +45,7 @@ collect() {
 }
 
 if [ "$mode" = probe ]; then
-  ( timeout -k 10 "${TESTS_TIMEOUT:-480}" "$PY" -m pytest -q -p no:cacheprovider -rfE ${GPU_TESTS:-tests/quant/test_gpu_recipes.py tests/quant/test_gpu.py} \
+  [ "${GPU_TESTS:-}" = none ] || ( timeout -k 10 "${TESTS_TIMEOUT:-480}" "$PY" -m pytest -q -p no:cacheprovider -rfE ${GPU_TESTS:-tests/quant/test_gpu_recipes.py tests/quant/test_gpu.py} \
       > "$OUT/gpu_tests.txt" 2>&1; echo "exit $? at $(date -u +%H:%M:%S)" >> "$OUT/gpu_tests.txt" ) &
   tests_pid=$!
   prepare_data
@@ -54,6 +56,7 @@ if [ "$mode" = probe ]; then
     --out "$OUT/recipe_speed.json" > "$OUT/recipe_speed.log" 2>&1
   stamp "speed done (exit $?)"
   grep -v '^{' "$OUT/recipe_speed.log" | tail -20
+  [ "${GPU_TESTS:-}" = none ] && exit 0
   wait $tests_pid
   stamp "GPU tests: $(tail -3 "$OUT/gpu_tests.txt" | tr '\n' ' ')"
   grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests.txt" | cut -c1-300
@@ -78,21 +81,35 @@ if [ "$mode" = sweep ]; then
     # a run restored unfinished has no checkpoint here (the archive holds none): it starts again from nothing
     for d in "$RUNS"/recipes/*/; do [ -f "$d/summary.json" ] || rm -rf "$d"; done
   fi
-  if [ -n "${GPU_TESTS:-}" ] && [ ! -f "$LOGS/gpu_tests.txt" ]; then
-    # GPU tests beside the sweep, on the first GPU, in their own session (setsid) so that they outlive this call;
-    # a later call finds their output in $LOGS and does not start them again
-    stamp "GPU tests beside the sweep on GPU 0: $GPU_TESTS"
-    CUDA_VISIBLE_DEVICES=0 setsid bash -c 'timeout -k 10 "$0" "$1" -m pytest -q -p no:cacheprovider -rfE --tb=short $2 \
-        > "$3" 2>&1; echo "exit $? at $(date -u +%H:%M:%S)" >> "$3"' "${TESTS_TIMEOUT:-1100}" "$PY" "$GPU_TESTS" \
-        "$LOGS/gpu_tests.txt" < /dev/null > /dev/null 2>&1 &
+  if [ -n "${GPU_TESTS:-}" ] && [ ! -f "$LOGS/gpu_tests.started" ]; then
+    # GPU tests beside the sweep, on the first GPU: each ';'-separated group of pytest arguments in its own process
+    # (compilation is CPU-bound and the node has cores to spare) and its own session (setsid), so that they outlive
+    # this call; a later call finds their output in $LOGS and does not start them again
+    touch "$LOGS/gpu_tests.started"
+    i=0; IFS=';' read -ra groups <<< "$GPU_TESTS"
+    for group in "${groups[@]}"; do
+      i=$((i + 1))
+      stamp "GPU tests beside the sweep on GPU 0, group $i: $group"
+      CUDA_VISIBLE_DEVICES=0 setsid bash -c 'echo "# pytest $2" > "$3"; timeout -k 10 "$0" "$1" -m pytest -q \
+          -p no:cacheprovider -rfE --tb=short --durations=5 $2 >> "$3" 2>&1; echo "exit $? at $(date -u +%H:%M:%S)" >> "$3"' \
+          "${TESTS_TIMEOUT:-1100}" "$PY" "$group" "$LOGS/gpu_tests.$i.txt" < /dev/null > /dev/null 2>&1 &
+    done
   fi
   ls "$QUARTET_CACHE"/data/pycode-*/manifest.json >/dev/null 2>&1 || prepare_data
+  t_call=$(date +%s)
   sweep_in_background recipes "${RECIPES_WAIT:-540}"
+  # then the tests, within the same wait: a group is done when its file ends with the "exit" line
+  while ls "$LOGS"/gpu_tests.*.txt >/dev/null 2>&1 && [ $(( $(date +%s) - t_call )) -lt "${RECIPES_WAIT:-540}" ]; do
+    pending=0; for f in "$LOGS"/gpu_tests.*.txt; do tail -1 "$f" | grep -q '^exit ' || pending=$((pending + 1)); done
+    [ "$pending" -eq 0 ] && break
+    sleep 10
+  done
   cp "$LOGS"/sweep.log "$OUT/" 2>/dev/null
   grep -v "━" "$LOGS/sweep.log" | tail -8
-  if [ -f "$LOGS/gpu_tests.txt" ]; then
-    cp "$LOGS/gpu_tests.txt" "$OUT/"
-    stamp "GPU tests so far: $(grep -cE '^(FAILED|ERROR)' "$LOGS/gpu_tests.txt") failed; $(tail -1 "$LOGS/gpu_tests.txt" | cut -c1-160)"
+  if ls "$LOGS"/gpu_tests.*.txt >/dev/null 2>&1; then
+    cat "$LOGS"/gpu_tests.*.txt > "$OUT/gpu_tests.txt"
+    for f in "$LOGS"/gpu_tests.*.txt; do stamp "GPU tests $(head -1 "$f" | cut -c3-90): $(grep -E ' in [0-9.]+s' "$f" | tail -1 | cut -c1-100) $(tail -1 "$f")"; done
+    grep -hE '^(FAILED|ERROR)' "$LOGS"/gpu_tests.*.txt | cut -c1-300
   fi
   "$PY" -m quartet.cli status recipes --runs-dir "$RUNS" > "$OUT/status.txt" 2>&1
   tail -3 "$OUT/status.txt"
