@@ -92,6 +92,17 @@ class Scheme:
         """Every quantizer the scheme uses (for backend capability checks)."""
         return [s for g in (self.fwd, self.dx, self.dw) for s in (g.a, g.b) if s is not None]
 
+    def rotated_specs(self) -> list[tuple[QuantizerSpec, int | None]]:
+        """Every distinct (quantizer, Hadamard block) pair the three GEMMs apply, in order of first use; the block is
+        None where the GEMM does not rotate its operands. What a backend is asked to quantize."""
+        pairs: dict[tuple[QuantizerSpec, int | None], None] = {}
+        for g in (self.fwd, self.dx, self.dw):
+            block = g.block if g.transform != "none" else None
+            for s in (g.a, g.b):
+                if s is not None:
+                    pairs.setdefault((s, block), None)
+        return list(pairs)
+
     def operand_map(self) -> dict:
         """Operand -> quantizer label / "high precision", as written to quant_map.json."""
         f, dx, dw = self.fwd.describe(), self.dx.describe(), self.dw.describe()

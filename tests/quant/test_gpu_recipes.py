@@ -128,11 +128,8 @@ def _compiled_specs():
 
     specs = {}
     for name in _recipes():
-        scheme = build_scheme(_precision(name))
-        for g in (scheme.fwd, scheme.dx, scheme.dw):
-            for spec in (g.a, g.b):
-                if spec is not None:
-                    specs[spec.label()] = (spec, g.block if g.transform != "none" else None)
+        for spec, block in build_scheme(_precision(name)).rotated_specs():
+            specs[spec.label()] = (spec, block)
     return sorted(specs.items())
 
 

@@ -37,6 +37,20 @@ def test_every_scheme_has_a_yaml_with_matching_labels():
         assert (s.forward_label, s.backward_label) == LABELS[name]
 
 
+def test_rotated_specs_are_each_distinct_quantizer_with_its_rotation():
+    from quartet.config import compose
+
+    for name in SCHEMES:
+        s = build_scheme(compose([f"precision={name}"]).precision)
+        pairs = s.rotated_specs()
+        assert len(pairs) == len(set(pairs)) and {spec for spec, _ in pairs} == set(s.specs())
+        used = {(spec, g.block if g.transform != "none" else None)
+                for g in (s.fwd, s.dx, s.dw) for spec in (g.a, g.b) if spec is not None}
+        assert set(pairs) == used, name
+    q2 = build_scheme(compose(["precision=quartet2"]).precision).rotated_specs()
+    assert [(spec.label(), block) for spec, block in q2] == [("nvfp4_4o6/g16", None), ("ms_eden/g16", 128)]
+
+
 def test_typo_in_a_precision_yaml_fails_at_compose_time(tmp_path):
     from quartet.config import compose
 
