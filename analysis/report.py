@@ -23,8 +23,8 @@ import pandas as pd
 from analysis.errors import AnalysisError
 import dataclasses
 
-from analysis.fit import (E_FLOOR_FRACTION, EFF_BOUNDS, EXPONENT_BOX, BaseFit, EffFit, HUBER_DELTA, fit_base,
-                          fit_efficiency, identification, scheme_kind)
+from analysis.fit import (E_FLOOR_FRACTION, EFF_BOUNDS, EXPONENT_BOX, BaseFit, EffFit, HUBER_DELTA,
+                          eff_interval_at_bound, fit_base, fit_efficiency, identification, scheme_kind)
 from analysis.laws import PARAM_NAMES, Law, get_law, predict
 from analysis.load import BASE_LABEL
 from analysis.speed import headline
@@ -303,7 +303,7 @@ def _interval_checks(base: BaseFit, effs: list, base_int: dict, eff_int: dict, m
         ints = eff_int.get(e.scheme, {})
         if e.status == "converged":
             touching = [k for k, fits in (("eff_n", e.fits_n), ("eff_d", e.fits_d)) if fits and k in ints
-                        and (ints[k][0] <= EFF_BOUNDS[0] * 1.01 or ints[k][1] >= EFF_BOUNDS[1] * 0.99)]
+                        and eff_interval_at_bound(ints[k])]
             if touching:
                 e = dataclasses.replace(e, status="hit_bound", message=(
                     f"the 95% bootstrap interval of {' and '.join(touching)} reaches its bound {EFF_BOUNDS}"))

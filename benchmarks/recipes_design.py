@@ -45,7 +45,7 @@ import pandas as pd
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from analysis.fit import EFF_BOUNDS, EFF_IMPLAUSIBLE  # noqa: E402
+from analysis.fit import EFF_BOUNDS, EFF_IMPLAUSIBLE, eff_interval_at_bound  # noqa: E402
 from analysis.laws import predict  # noqa: E402
 from analysis.report import fit_all  # noqa: E402
 
@@ -177,7 +177,8 @@ NOISE_MODELS = {"seed": noise_sds, "misfit": misfit_sds}
 
 
 def _off_bounds(iv) -> bool:
-    return iv[0] > EFF_BOUNDS[0] * 1.01 and iv[1] < EFF_BOUNDS[1] * 0.99
+    """An interval that exists and that `quartet fit` would not flag hit_bound."""
+    return bool(np.isfinite(iv).all()) and not eff_interval_at_bound(iv)
 
 
 def simulate(design: list, *, reps: int, bootstrap: int, seed: int = 0, noise: str = "seed", noise_scale: float = 1.0,
