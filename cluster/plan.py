@@ -248,11 +248,11 @@ def calibrate(plan: Plan) -> Calibration | None:
     for r in plan.runs:
         if r.state != "done" or r.role or r.hours <= 0:
             continue
-        summary = runstate.read_json(r.run_dir / runstate.SUMMARY) or {}
+        summary = r.view.summary or {}  # the files as the plan's inspect read them
         wall = summary.get("wall_clock_s")
         if not isinstance(wall, (int, float)) or not math.isfinite(wall) or wall <= 0:
             continue
-        share = _device_share(summary, runstate.read_json(r.run_dir / runstate.STATE) or {}, plan.profile)
+        share = _device_share(summary, r.view.record, plan.profile)
         m = measured.setdefault(r.precision, [0.0, 0.0, 0])
         m[0] += wall / 3600.0 * share
         m[1] += r.hours

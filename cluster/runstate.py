@@ -307,7 +307,8 @@ class RunView:
     job_state: str | None = None
     error: str | None = None
     note: str | None = None  # why the state is what it is, when that is not obvious (shown without an error)
-    extra: dict[str, Any] = field(default_factory=dict)
+    record: dict[str, Any] = field(default_factory=dict)  # state.json as read
+    summary: dict[str, Any] | None = None  # summary.json as read (a finished run)
 
 
 def inspect(run_dir: Path, queue: dict[str, str] | None = None, reconcile_dead: bool = True) -> RunView:
@@ -332,12 +333,13 @@ def inspect(run_dir: Path, queue: dict[str, str] | None = None, reconcile_dead: 
         job_id=str(job_id) if job_id else None,
         error=st.get("error"),
         note=st.get("note") if st.get("state") == "waiting" else None,
+        record=st,
     )
     if row.get("step") is not None and (view.step is None or row["step"] > view.step):
         view.step = row["step"]
     if queue is not None and view.job_id:
         view.job_state = queue.get(view.job_id)
-    summary = read_json(run_dir / SUMMARY)
+    summary = view.summary = read_json(run_dir / SUMMARY)
     if summary is not None:
         view.state = "completed"
         view.error = None
