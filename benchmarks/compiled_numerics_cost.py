@@ -13,8 +13,9 @@ numerics switches are process-wide) on the same inputs:
 Per recipe without a hand-written kernel, every distinct quantizer of its three GEMMs (forward, dX, dW operands,
 Hadamard block where it rotates) is applied to an activation-shaped operand (``--rows`` x ``--cols``, float32,
 standard normal); the time is the sum over those quantizers after warm-up compiles: wall time (median of >=
-``--min-reps`` repeats and >= 2 s, p10-p90), and the GPU kernels' summed time per call from the profiler (what a
-CUDA-graphed training step pays; the table shows it). Output: a table on stdout and ``--out`` JSON.
+``--min-reps`` repeats and >= 2 s, p10-p90), and the GPU kernels' summed time per call from the profiler, a mean
+over ``--profile-reps`` calls (what a CUDA-graphed training step pays; the table shows it). One process per
+variant: a difference between variants smaller than two processes of one guard state disagree by is not resolved. Output: a table on stdout and ``--out`` JSON.
 
     python benchmarks/compiled_numerics_cost.py --out benchmarks/results/recipes/compiled_numerics_cost.json
     python benchmarks/compiled_numerics_cost.py --device cpu --rows 64 --cols 128 --min-reps 2 --min-seconds 0
@@ -34,30 +35,23 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from oracle_sensitivity import precision  # noqa: E402  (this script's folder: the recipe's shipped config)
+
 VARIANTS = ("exact", "fast_div_no_guard", "no_guard", "fast_div")
 RECIPES = ("mxfp8", "nvfp4", "nvfp4_recipe", "quartet2", "ms_fp4", "luq_int4")
 
 
 def recipe_quantizers(name: str) -> list[tuple[str, object, int | None]]:
-    """``[(label, spec, block)]``: the distinct quantizers of recipe ``name``'s three GEMMs (block: the Hadamard
-    block when the GEMM rotates its operands, else None)."""
+    """``[(label, spec, block)]``: the distinct quantizers of recipe ``name``'s three GEMMs
+    (:meth:`Scheme.rotated_specs`; block: the Hadamard block where the GEMM rotates its operands, else None)."""
     from quartet.quant.schemes import build_scheme
 
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    from oracle_sensitivity import precision
-
-    scheme = build_scheme(precision(name))
-    seen: dict[tuple[str, int | None], tuple[str, object, int | None]] = {}
-    for gemm in (scheme.fwd, scheme.dx, scheme.dw):
-        block = gemm.block if gemm.transform != "none" else None
-        for spec in (gemm.a, gemm.b):
-            if spec is not None:
-                seen.setdefault((spec.label(), block), (spec.label(), spec, block))
-    return list(seen.values())
+    return [(spec.label(), spec, block) for spec, block in build_scheme(precision(name)).rotated_specs()]
 
 
-def _kernel_time(once, sync, dev, reps: int = 10) -> dict:
-    """GPU time of ``once`` as the profiler sees it: the kernels' summed device time and their count per call. The
+def _kernel_time(once, sync, dev, reps: int) -> dict:
+    """GPU time of ``once`` as the profiler sees it: the kernels' summed device time and their count per call, a mean
+    over ``reps`` profiled calls (the profiler gives totals, not per-call spread). The
     wall time above includes the host's launches and the graph breaks' eager draws (which CUDA graphs hide in a
     training step); this is what the GPU itself spends."""
     from torch.profiler import ProfilerActivity, profile
@@ -70,7 +64,7 @@ def _kernel_time(once, sync, dev, reps: int = 10) -> dict:
         sync()
     events = [e for e in prof.key_averages() if getattr(e, "self_device_time_total", 0) > 0]
     return {"kernel_us": sum(e.self_device_time_total for e in events) / reps,
-            "kernels_per_call": sum(e.count for e in events) / reps}
+            "kernels_per_call": sum(e.count for e in events) / reps, "profiled_calls": reps}
 
 
 def child(variant: str, args) -> dict:
@@ -106,7 +100,7 @@ def child(variant: str, args) -> dict:
         q = statistics.quantiles(times, n=10) if len(times) >= 2 else [times[0]] * 9
         out[name] = {"quantizers": [label for label, _, _ in quantizers], "reps": len(times),
                      "median_us": 1e6 * statistics.median(times), "p10_us": 1e6 * q[0], "p90_us": 1e6 * q[-1],
-                     **_kernel_time(once, sync, dev)}
+                     **_kernel_time(once, sync, dev, args.profile_reps)}
     return out
 
 
@@ -137,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cols", type=int, default=384, help="llama_7m: d_model 384")
     p.add_argument("--min-reps", type=int, default=20)
     p.add_argument("--min-seconds", type=float, default=2.0)
+    p.add_argument("--profile-reps", type=int, default=20, help="profiled calls the kernel time is the mean of")
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: a smoke test of the script only")
     p.add_argument("--out", default=None)
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -150,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"unknown variant {v!r} (one of {', '.join(VARIANTS)})")
     results = {}
     passthrough = ["--recipes", args.recipes, "--rows", str(args.rows), "--cols", str(args.cols), "--min-reps",
-                   str(args.min_reps), "--min-seconds", str(args.min_seconds), "--device", args.device]
+                   str(args.min_reps), "--min-seconds", str(args.min_seconds), "--profile-reps", str(args.profile_reps),
+                   "--device", args.device]
     for v in variants:
         print(f"variant {v} ...", file=sys.stderr, flush=True)
         done = subprocess.run([sys.executable, __file__, "--child", v, *passthrough], capture_output=True, text=True)
