@@ -1,10 +1,8 @@
 """benchmarks/recipes_design.py: the design simulation for pinning the recipes' effN and effD."""
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
-
 
 
 def test_designs_share_their_common_cells_draws(design):

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from quartet.kernels import bench as B
-from repo_scripts import load_script
 from quartet.kernels.timing import input_sets, percentile, rotating, time_callable, time_interleaved
+from repo_scripts import load_script
 
 
 def fake_clock(durations):
