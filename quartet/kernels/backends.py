@@ -4,12 +4,15 @@
 ``hopper_fp8``       fused quantizers writing FP8 with folded power-of-two scales (per row, or per 1×128 /
                      128×128 block in the fused layer) + FP8 scaled matmul (sm_89/sm_90+)
 ``blackwell_mxfp4``  fused quantizers writing packed E2M1/E8M0 + native MXFP4 ``scaled_mm`` (sm_100+)
+``fused``            the recipes' fused Triton quantizers + BF16 tensor-core GEMMs, scales after the GEMM
+                     (:mod:`quartet.kernels.recipe_linear`; any CUDA GPU), the compiled oracle for statistics steps
 
 They handle the MX kinds ``quest``, ``absmax`` (RTN/SR) and ``ocp`` with 32-groups and an optional
 32-Hadamard; ``hopper_fp8`` also runs the ``fp8`` scheme (tensor scaling) and ``fp8_deepseek`` (E4M3 in 1×128 /
 128×128 blocks) on its FP8 layers (:mod:`quartet.kernels.fp8_linear`, :mod:`quartet.kernels.fp8_block_linear`);
 any other quantizer makes ``unsupported_reason`` answer, so ``auto`` skips them and a
-backend named in the config fails at start-up. ``auto`` prefers blackwell > hopper > triton > reference.
+backend named in the config fails at start-up. ``auto`` prefers blackwell > hopper > triton > fused > compiled >
+reference: the MX and FP8 layers where they cover a scheme, the fused recipe layer for the other recipes.
 """
 from __future__ import annotations
 
@@ -29,6 +32,8 @@ def _base():
 
 def make_backend(name: str):
     """An instance of the kernel backend ``name`` without the device check (tests, the CPU interpreter)."""
+    if name == "fused":
+        return _fused_class()()
     triton_cls, hopper_cls, blackwell_cls = _make_classes()
     return {"triton": triton_cls, "hopper_fp8": hopper_cls, "blackwell_mxfp4": blackwell_cls}[name]()
 
@@ -174,6 +179,43 @@ def _make_classes():
     return TritonBackend, HopperFP8Backend, BlackwellMXFP4Backend
 
 
+def _fused_class():
+    from quartet.kernels import recipe_linear, recipe_quant
+    from quartet.kernels.compiled import CompiledReferenceBackend
+
+    class FusedRecipeBackend(CompiledReferenceBackend):
+        """The recipe layer (:mod:`quartet.kernels.recipe_linear`) on every covered layer; operand by operand (layers
+        of other shapes, statistics steps) the oracle's quantizers compiled by Inductor."""
+
+        name = "fused"
+
+        def supports_device(self, device):
+            return HAS_TRITON and torch.device(device).type == "cuda"
+
+        def unsupported_reason(self, spec, device):
+            if not self.supports_device(device):
+                return f"backend {self.name!r} needs a CUDA GPU with triton (device {device})"
+            kind = recipe_quant.kernel_kind(spec)
+            if (kind is None and not recipe_quant.supports(spec)) or (kind is not None
+                                                                      and kind.code == recipe_quant.K_FP8_BLOCK):
+                return f"backend {self.name!r} has no fused quantizer for {spec.label()}"
+            return None
+
+        def fused_layer(self, scheme):
+            if not recipe_linear.covers(scheme):
+                return None
+            return recipe_linear.recipe_quant_linear, recipe_linear.IMPL_RECIPE
+
+        def bind_device_draws(self, model, device):
+            return recipe_linear.bind_recipe_draws(model, device)
+
+        def describe(self, device):
+            return (f"{self.name}: fused Triton quantizers writing exact BF16 values, BF16 tensor-core GEMMs with the "
+                    f"tensor / row scales after the GEMM, on {device}")
+
+    return FusedRecipeBackend
+
+
 def register() -> None:
     """Register the kernel backends with the quantization seam (called on ``import quartet.kernels``)."""
     try:
@@ -188,3 +230,5 @@ def register() -> None:
     from quartet.kernels.compiled import CompiledReferenceBackend
 
     register_backend("compiled", lambda device: CompiledReferenceBackend(), priority=0)
+    fused_cls = _fused_class()
+    register_backend("fused", lambda device: fused_cls(), priority=5)

@@ -375,7 +375,7 @@ class DeviceDraws:
     """The random draws of a model's compiled fused layers, in one device arena filled per micro-batch.
 
     A captured graph reads its inputs from fixed addresses, so the draws cannot be Python numbers made
-    during the call. Each layer reads two rows of the arena — ``draw_signs`` (2, 32) float32: the Hadamard
+    during the call. Each layer reads two rows of the arena — ``draw_signs`` (2, block) float32: the Hadamard
     signs of its dx and dw GEMMs, and ``draw_seeds`` (4,) int64: the SR seeds of ``dx_e, dx_w, dw_e, dw_x``
     — registered as (non-persistent) buffers that view the arena. :meth:`upload` computes every layer's
     draws for its current (seed, step, layer index, micro-batch call) with the reference rule
@@ -384,11 +384,12 @@ class DeviceDraws:
     Build it after the model is on its device (moving the model would detach the views).
     """
 
-    def __init__(self, layers: list, device: torch.device):
+    def __init__(self, layers: list, device: torch.device, block: int = 32):
         self.layers = list(layers)
         self.device = torch.device(device)
+        self.block = int(block)
         n = len(self.layers)
-        self.signs = torch.ones(n, 2, 32, device=self.device, dtype=torch.float32)
+        self.signs = torch.ones(n, 2, self.block, device=self.device, dtype=torch.float32)
         self.seeds = torch.zeros(n, len(BACKWARD_OPERANDS), device=self.device, dtype=torch.int64)
         self._uploaded: tuple | None = None
         for i, layer in enumerate(self.layers):
@@ -397,9 +398,9 @@ class DeviceDraws:
             layer.device_draws = self
 
     def host_values(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """This micro-batch's draws of every layer, on the host: (signs (L, 2, 32), seeds (L, 4), 31 bits)."""
+        """This micro-batch's draws of every layer, on the host: (signs (L, 2, block), seeds (L, 4), 31 bits)."""
         cols = zip(*((m.seed, m.step, m.layer_index, m._calls) for m in self.layers))
-        signs, seeds = backward_draws(*(list(c) for c in cols), block=32)
+        signs, seeds = backward_draws(*(list(c) for c in cols), block=self.block)
         return signs, seeds & 0x7FFF_FFFF
 
     def upload(self) -> None:

@@ -42,7 +42,7 @@ __all__ = [
 ]
 
 #: Names a config may use (``auto`` resolves to one of the registered ones).
-BACKEND_NAMES = ("auto", "reference", "compiled", "triton", "hopper_fp8", "blackwell_mxfp4")
+BACKEND_NAMES = ("auto", "reference", "compiled", "fused", "triton", "hopper_fp8", "blackwell_mxfp4")
 
 
 class Backend:
