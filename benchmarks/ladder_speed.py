@@ -16,6 +16,12 @@ CPU-bound), then the processes wait for each other and take turns on the GPU und
 no timing shares the GPU or the launching CPU with a compilation. Each figure: warm-up steps, then at least
 20 timed steps and 2 s of work; median with the 10th/90th percentiles. Peak memory per configuration.
 
+Memory. Every configuration of a model runs at one micro-batch: ``--micro-batch auto`` (default) takes the largest
+divisor of the batch whose training estimate (:mod:`quartet.memory`, the trainer's plan) fits the GPU, as a
+single run would; an ``optim.micro_batch_size=`` override or ``--micro-batch N`` fixes it. Configurations stay
+alive until every one is timed, so where the estimates of all of them do not fit the GPU together each runs in a
+process of its own and the processes go in waves that do (``--concurrent auto``; ``N`` forces N at a time).
+
     python3 benchmarks/ladder_speed.py --out benchmarks/results/ladder_speed.json
     python3 benchmarks/ladder_speed.py --models llama_1m --configs bf16:eager,quartet:compile   # a subset
 
@@ -58,6 +64,53 @@ def _overrides(model: str, config: str, data: str, out_dir: str, extra: list[str
 def _percentile(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, max(0, round(q * (len(xs) - 1))))]
+
+
+def _gpu_bytes() -> float | None:
+    import torch
+
+    return float(torch.cuda.get_device_properties(0).total_memory) if torch.cuda.is_available() else None
+
+
+def plan_memory(model: str, configs: list[str], data: str, extra: list[str], device: str, micro: str,
+                concurrent: str, gpu_bytes: float | None) -> tuple[list[str], int, int]:
+    """``(overrides for every run, micro-batch, configurations alive at once)`` of ``model``: the micro-batch that
+    fits one run (the largest divisor of the batch whose :func:`quartet.memory.estimate_run` fits 85% of the GPU),
+    and how many configurations fit the GPU together at it (at least 1)."""
+    from quartet.config import compose, resolve
+    from quartet.memory import estimate_run
+
+    explicit = next((o.split("=", 1)[1] for o in extra if o.startswith("optim.micro_batch_size=")), None)
+    cfg = compose(_overrides(model, configs[0], data, tempfile.gettempdir(), extra, device))
+    res = resolve(cfg)
+    budget = 0.85 * gpu_bytes if gpu_bytes else None
+
+    def footprint(mb: int) -> float:
+        cfg.optim.micro_batch_size = mb
+        est = max((estimate_run(resolve(_with(cfg, c)), parallel="ddp", world_size=1).total for c in configs))
+        return est
+
+    if explicit is not None or micro != "auto":
+        mb = int(explicit if explicit is not None else micro)
+    else:
+        divisors = [d for d in range(res.batch_size, 0, -1) if res.batch_size % d == 0]
+        mb = next((d for d in divisors if budget is None or footprint(d) <= budget), divisors[-1])
+    each = footprint(mb)
+    if concurrent != "auto":
+        n = max(1, int(concurrent))
+    else:
+        n = len(configs) if budget is None else max(1, min(len(configs), int(budget // each)))
+    extra = [o for o in extra if not o.startswith("optim.micro_batch_size=")] + [f"optim.micro_batch_size={mb}"]
+    return extra, mb, n
+
+
+def _with(cfg, config: str):
+    """``cfg`` with the precision of ``config`` (the estimate tells quantized from bf16 runs)."""
+    from omegaconf import OmegaConf
+
+    c = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
+    c.precision.name = config.partition(":")[0].partition("@")[0]
+    return c
 
 
 def child(args) -> int:
@@ -129,15 +182,23 @@ def child(args) -> int:
     return 0
 
 
+def _bf16_base(rows: list[dict], model: str, config: str) -> float | None:
+    """tokens/s of the bf16 row of ``model`` in ``config``'s mode (else in any mode): the table's denominator."""
+    mode = config.partition(":")[2]
+    bf16 = [r for r in rows if r["model"] == model and r["config"].startswith("bf16:") and r.get("tokens_per_s")]
+    same = [r for r in bf16 if r["config"].partition(":")[2] == mode]
+    return (same or bf16 or [{}])[0].get("tokens_per_s")
+
+
 def _table(rows: list[dict]) -> str:
-    base = {(r["model"]): r.get("tokens_per_s") for r in rows if r["config"] == "bf16:eager"}
-    lines = [f"{'model':<11} {'config':<22} {'step ms (p10-p90)':<24} {'tokens/s':>11} {'vs bf16 eager':>13} "
+    lines = [f"{'model':<11} {'config':<22} {'step ms (p10-p90)':<24} {'tokens/s':>11} {'x bf16 step':>13} "
              f"{'mem GiB':>8}"]
     for r in rows:
         if "error" in r:
             lines.append(f"{r['model']:<11} {r['config']:<22} error: {r['error'][:80]}")
             continue
-        ratio = r["tokens_per_s"] / base[r["model"]] if base.get(r["model"]) else float("nan")
+        base = _bf16_base(rows, r["model"], r["config"])
+        ratio = base / r["tokens_per_s"] if base else float("nan")
         span = f"{r['step_ms_median']:.2f} ({r['step_ms_p10']:.2f}-{r['step_ms_p90']:.2f})"
         lines.append(f"{r['model']:<11} {r['config']:<22} {span:<24} {r['tokens_per_s']:>11,} {ratio:>12.2f}x "
                      f"{str(r['peak_mem_gib']):>8}")
@@ -155,6 +216,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: a smoke test of the script only")
     p.add_argument("--split", type=int, default=1,
                    help="processes per model (configurations dealt round-robin): compiles N configurations at once")
+    p.add_argument("--micro-batch", default="auto",
+                   help="micro-batch of every configuration: auto (the largest that fits one run) or a number")
+    p.add_argument("--concurrent", default="auto",
+                   help="configurations alive at once: auto (as many as fit the GPU together) or a number")
     p.add_argument("override", nargs="*", help="extra overrides for every run (e.g. optim.micro_batch_size=64)")
     # child mode
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -170,25 +235,35 @@ def main(argv: list[str] | None = None) -> int:
 
     models = args.models.split(",")
     configs = args.configs.split(",")
-    split = max(1, min(args.split, len(configs)))
-    jobs = [(m, i, ",".join(configs[i::split])) for m in models for i in range(split)]
-    barrier = tempfile.mkdtemp(prefix="ladder_speed_barrier_")
+    gpu = _gpu_bytes() if args.device == "cuda" else None
     t0 = time.time()
-    procs = []
-    for m, i, chunk in jobs:
-        part = Path(barrier) / f"part.{m}.{i}.json"
-        cmd = [sys.executable, __file__, "--child", "--model", m, "--configs", chunk, "--data", args.data,
-               "--barrier", barrier, "--n-procs", str(len(jobs)), "--part", str(part),
-               "--min-steps", str(args.min_steps), "--min-seconds", str(args.min_seconds), "--device", args.device,
-               *args.override]
-        procs.append((m, part, subprocess.Popen(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"})))
     rows: list[dict] = []
-    for m, part, proc in procs:
-        code = proc.wait()
-        if part.is_file():
-            rows += json.loads(part.read_text())
-        else:
-            rows.append({"model": m, "config": "*", "error": f"benchmark process exited with {code}"})
+    memory = {}
+    for m in models:
+        extra, mb, n = plan_memory(m, configs, args.data, list(args.override), args.device, args.micro_batch,
+                                   args.concurrent, gpu)
+        memory[m] = {"micro_batch_size": mb, "configurations_at_once": n}
+        # configurations that cannot be alive together get a process each, in waves that fit
+        split = max(1, min(args.split, len(configs))) if n >= len(configs) else len(configs)
+        chunks = [",".join(configs[i::split]) for i in range(split)]
+        waves = [chunks[i:i + (split if n >= len(configs) else n)] for i in range(0, split, split if n >= len(configs) else n)]
+        print(f"{m}: micro-batch {mb}, {n} configuration(s) at once, {len(waves)} wave(s)", flush=True)
+        for wave in waves:
+            barrier = tempfile.mkdtemp(prefix="ladder_speed_barrier_")
+            procs = []
+            for i, chunk in enumerate(wave):
+                part = Path(barrier) / f"part.{m}.{i}.json"
+                cmd = [sys.executable, __file__, "--child", "--model", m, "--configs", chunk, "--data", args.data,
+                       "--barrier", barrier, "--n-procs", str(len(wave)), "--part", str(part),
+                       "--min-steps", str(args.min_steps), "--min-seconds", str(args.min_seconds), "--device",
+                       args.device, *extra]
+                procs.append((m, part, subprocess.Popen(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"})))
+            for _, part, proc in procs:
+                code = proc.wait()
+                if part.is_file():
+                    rows += [dict(r, micro_batch_size=mb) for r in json.loads(part.read_text())]
+                else:
+                    rows.append({"model": m, "config": "*", "error": f"benchmark process exited with {code}"})
     table = _table(rows)
     print(table)
     result = {
@@ -196,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{args.min_steps} steps and >= {args.min_seconds} s per configuration, timed alone on the GPU",
         "command": "python3 benchmarks/ladder_speed.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "device": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu", "torch": torch.__version__,
-        "wall_s": round(time.time() - t0, 1), "rows": rows, "table": table.splitlines(),
+        "wall_s": round(time.time() - t0, 1), "memory": memory, "rows": rows, "table": table.splitlines(),
     }
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -33,7 +33,7 @@ from ladder_speed import _overrides  # noqa: E402  (the same run composition as 
 GROUPS = [
     ("attention", r"flash|fmha|attention|sdpa|cudnn"),  # before gemm: cuDNN's attention kernels say "wgmma" too
     ("gemm", r"gemm|cutlass|sm90_xmma|nvjet|cublas|wgmma|ampere_|sm80_"),
-    ("quant (triton)", r"_mx_quant|_fp8_fold|_absmax|_masked_ihadamard"),
+    ("quant (triton)", r"_mx_quant|_fp8_fold|_absmax|_masked_ihadamard|_rq_kernel|_rq_row_kernel"),
     ("optimizer", r"adam|multi_tensor|foreach"),
     ("inductor fused", r"^triton_"),
     ("reduction/norm", r"reduce|norm|amax|max_kernel|sum_kernel"),

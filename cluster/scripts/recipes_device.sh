@@ -8,6 +8,8 @@
 #   bash cluster/scripts/recipes_device.sh sweep   # corpus, the ladder's bf16/fp8/quartet runs restored, the sweep in
 #                                                  # the background on every GPU; waits up to RECIPES_WAIT s, collects;
 #                                                  # call again on the same machine to keep waiting
+#   bash cluster/scripts/recipes_device.sh speed   # the fast paths: GPU tests, kernel benchmark, every recipe's step
+#                                                  # speed at llama_7m and llama_200m, as one background job (below)
 #
 # On a machine with the project installed none of this is needed: docs/recipes.md gives the plain commands.
 # Results go to $OUT (default .cache/recipes_out): logs, gpu_tests.txt, recipe_speed.json, runs.tar.gz (every
@@ -117,5 +119,80 @@ if [ "$mode" = sweep ]; then
   stamp "done"
   exit 0
 fi
-echo "unknown mode $mode (probe | sweep)" >&2
+if [ "$mode" = speed ]; then
+  # One background job (setsid: it outlives this call; a second call on the same machine waits for it), its stages
+  # (SPEED_STAGES, default tests,kernels,speed7m,speed200m) in order, everything into $LOGS/speed:
+  #   tests      GPU_TESTS groups (';'-separated) side by side while the corpus builds
+  #   kernels    benchmarks/recipe_kernels.py at llama_200m: quantizer calls vs the copy floor, layers vs BF16
+  #   speed7m    benchmarks/ladder_speed.py at llama_7m: every recipe, CUDA graphs (+ SPEED_BASELINES: the compiled
+  #              path of two recipes, the "before")
+  #   speed200m  the same at llama_200m, micro-batch 64, all configurations at once
+  # Each call waits up to SPEED_WAIT s, then packs what is done into $OUT/speed.tar.gz (+ speed.log).
+  D=$LOGS/speed
+  mkdir -p "$D"
+  if [ -f "$D/job.pid" ] && kill -0 "$(cat "$D/job.pid")" 2>/dev/null; then
+    stamp "the speed job is running (pid $(cat "$D/job.pid")); waiting"
+  elif [ ! -f "$D/job.done" ]; then
+    recipes=bf16:graphs,fp8:graphs,mxfp8:graphs,fp8_deepseek:graphs,nvfp4:graphs,nvfp4_recipe:graphs,quartet:graphs
+    recipes=$recipes,quartet_sr:graphs,quartet2:graphs,ms_fp4:graphs,luq_int4:graphs
+    export D PY recipes GPU_TESTS="${GPU_TESTS:-tests/kernels/test_recipe_quant.py tests/kernels/test_recipe_linear.py \
+tests/kernels/test_fp8_block_linear.py tests/kernels/test_wiring.py;tests/quant/test_gpu_recipes.py -k 'block_linear or \
+trains';tests/kernels/test_fp8_linear.py tests/kernels/test_kernel_quantizers.py tests/quant/test_gpu.py}"
+    export SPEED_STAGES=${SPEED_STAGES:-tests,kernels,speed7m,speed200m}
+    export SPEED_BASELINES=${SPEED_BASELINES:-nvfp4@compiled:graphs,mxfp8@compiled:graphs}
+    stamp "speed job: $SPEED_STAGES"
+    cat > "$D/job.sh" <<'JOB'
+echo $$ > "$D/job.pid"
+st() { echo "== $(date -u +%H:%M:%S) $*" >> "$D/job.log"; }
+has() { case ",$SPEED_STAGES," in *",$1,"*) return 0;; esac; return 1; }
+( "$PY" -m quartet.cli data prepare data=pycode > "$D/data_prepare.log" 2>&1; echo "exit $?" >> "$D/data_prepare.log" ) &
+data_pid=$!
+if has tests; then
+  i=0; IFS=";" read -ra groups <<< "$GPU_TESTS"; pids=""
+  for g in "${groups[@]}"; do
+    i=$((i + 1)); st "tests $i: $g"
+    ( echo "# pytest $g" > "$D/gpu_tests.$i.txt"
+      eval "timeout -k 10 ${TESTS_TIMEOUT:-900} \"\$PY\" -m pytest -q -p no:cacheprovider -rfE --tb=short --durations=5 $g" \
+        >> "$D/gpu_tests.$i.txt" 2>&1; echo "exit $? at $(date -u +%H:%M:%S)" >> "$D/gpu_tests.$i.txt" ) &
+    pids="$pids $!"
+  done
+  wait $pids; st "tests done"
+fi
+if has kernels; then
+  st "kernels"; "$PY" benchmarks/recipe_kernels.py --out "$D/kernels_200m.json" > "$D/kernels.log" 2>&1; st "kernels exit $?"
+fi
+wait $data_pid; st "corpus: $(tail -1 "$D/data_prepare.log")"
+if has speed7m; then
+  st "speed 7m"
+  "$PY" benchmarks/ladder_speed.py --models llama_7m --configs "$recipes,$SPEED_BASELINES" --split 4 \
+    --out "$D/recipe_speed.json" > "$D/speed7m.log" 2>&1
+  st "speed 7m exit $?"
+fi
+if has speed200m; then
+  st "speed 200m"
+  "$PY" benchmarks/ladder_speed.py --models llama_200m --configs "$recipes" --split 4 --micro-batch 64 --concurrent 11 \
+    --out "$D/speed_200m.json" > "$D/speed200m.log" 2>&1
+  st "speed 200m exit $?"
+fi
+touch "$D/job.done"; st "job done"
+JOB
+    setsid bash "$D/job.sh" < /dev/null > "$D/job.out" 2>&1 &
+    for _ in $(seq 50); do [ -s "$D/job.pid" ] && break; sleep 0.1; done
+  fi
+  t0=$(date +%s)
+  while [ ! -f "$D/job.done" ] && [ $(( $(date +%s) - t0 )) -lt "${SPEED_WAIT:-540}" ]; do
+    sleep 10
+    if [ -f "$D/job.pid" ] && ! kill -0 "$(cat "$D/job.pid")" 2>/dev/null && [ ! -f "$D/job.done" ]; then
+      stamp "the speed job died"; break
+    fi
+  done
+  cat "$D/job.log" 2>/dev/null
+  for f in "$D"/gpu_tests.*.txt; do [ -f "$f" ] && stamp "$(head -1 "$f" | cut -c3-100): $(grep -E ' in [0-9.]+s' "$f" | tail -1 | cut -c1-120) $(tail -1 "$f")"; done
+  grep -hE "^(FAILED|ERROR)" "$D"/gpu_tests.*.txt 2>/dev/null | cut -c1-300 | head -40
+  for f in "$D"/speed7m.log "$D"/speed200m.log; do [ -f "$f" ] && grep -v "^{" "$f" | tail -16; done
+  (cd "$D" && tar czf "$OUT/speed.tar.gz" --exclude=job.pid .)
+  cp "$D/job.log" "$OUT/speed.log" 2>/dev/null
+  exit 0
+fi
+echo "unknown mode $mode (probe | sweep | speed)" >&2
 exit 2

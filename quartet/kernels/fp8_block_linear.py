@@ -9,11 +9,14 @@ one float32 scale per 1×128 tile of activations / gradients and per 128×128 bl
     input     dX = Q₁(E) · Ŵ                   BlockWise1x128 × BlockWise128x128   (reduces out_features; Ŵ reused)
     weight    dW = Q₁(Eᵀ) · Q₁(X̂ᵀ)ᵀ            BlockWise1x128 × BlockWise1x128     (reduces tokens; X̂ re-tiled)
 
-The codes and scales are computed by the oracle's own functions (:func:`quartet.quant.blockwise.fp8_blockwise_codes`,
-plain float32 PyTorch: amax, ``amax·(1/448)``, a correctly rounded divide, the saturating FP8 cast), so on the GPU
-they are bitwise the oracle's (a tile holding NaN/±Inf included: NaN scale and codes, so its GEMM rows go NaN); only the GEMMs differ, by the order of their float32 accumulation. The backward
-keeps the forward's FP8 codes (Ŵ for the input gradient — a 128×128 block transposes into a block — and X̂,
-re-quantized along the token axis for the weight gradient), as DeepSeek-V3 caches FP8 activations.
+The codes and scales come from one fused Triton kernel per operand (:func:`quartet.kernels.recipe_quant.recipe_quantize`:
+amax, ``amax·(1/448)``, a correctly rounded divide, round-to-nearest-even with saturation, the scales written in the
+layouts ``F.scaled_mm`` reads), bitwise the oracle's :func:`quartet.quant.blockwise.fp8_blockwise_codes` (a tile
+holding NaN/±Inf included: NaN scale and codes, so its GEMM rows go NaN); only the GEMMs differ, by the order of their
+float32 accumulation. Shapes the kernel does not tile (not multiples of 128) take the oracle's functions. The
+backward keeps the forward's FP8 codes (Ŵ for the input gradient — a 128×128 block transposes into a block — and
+X̂, re-quantized along the token axis for the weight gradient straight from its codes and scales), as DeepSeek-V3
+caches FP8 activations. The kernel calls are registered operators: the layer compiles and CUDA-graphs.
 
 cuBLAS wants every GEMM dimension tiled by 128 here: in/out features must be multiples of 128 (other layers stay
 on the operand-by-operand path) and tokens are zero-padded to 128 (zero rows change no tile maximum and no sum).
@@ -23,19 +26,56 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from quartet.kernels import recipe_quant as rq
 from quartet.kernels.fp8_linear import token_padded
 from quartet.quant.blockwise import expand_tile_scales, fp8_blockwise_codes
 from quartet.quant.linear import QuantLinear
+from quartet.quant.quantizers import QuantizerSpec
 
 E4M3 = torch.float8_e4m3fn
 #: block edge of the DeepSeek-V3 recipe (and of cuBLAS's block-wise FP8 scaling)
 BLOCK = 128
 
 
-def quantize_fp8_blocks(t: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(E4M3 codes (R, C), float32 scales (R/rows, C/128)) of a 2-D tensor with ``rows``×128 tiles (rows 1 or 128);
-    ``codes.float() * scale`` (broadcast over tiles) is the oracle's x̂ bitwise."""
-    codes, scale = fp8_blockwise_codes(t, rows, BLOCK, "e4m3")
+_TILE_SPECS = {rows: QuantizerSpec("fp8", fmt="e4m3", scaling="block", group=BLOCK, tile_rows=rows) for rows in (1, BLOCK)}
+
+
+@torch.library.custom_op("quartet::fp8_tiles", mutates_args=())
+def fp8_tiles(x: torch.Tensor, rows: int, axis: int, in_scale: torch.Tensor | None,
+              in_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """E4M3 codes (R, C) row-major of the logical operand (``x``, or ``xᵀ`` read down with ``axis=0``) and their
+    ``rows``×128 tile scales as stored: 1×128 (C/128, R) — its transpose is the (R, C/128) outer-dim-major view
+    ``F.scaled_mm`` takes —, 128×128 (R/128, C/128 padded to 4, padding ones). ``in_scale``: x is FP8 codes with
+    these ``in_rows``×128 tile scales (multiplied on load)."""
+    out = rq.recipe_quantize(x, _TILE_SPECS[rows], axis=axis, in_scale=in_scale, in_scale_rows=in_rows)
+    return out.values, (out.gscale.t() if rows == 1 else out.gscale)
+
+
+@fp8_tiles.register_fake
+def _(x, rows, axis, in_scale, in_rows):
+    R, C = (x.shape[1], x.shape[0]) if axis == 0 else tuple(x.shape)
+    codes = x.new_empty((R, C), dtype=E4M3)
+    if rows == 1:
+        return codes, x.new_empty((C // BLOCK, R), dtype=torch.float32)
+    return codes, x.new_empty((R // BLOCK, -(-(C // BLOCK) // 4) * 4), dtype=torch.float32)
+
+
+def _kernel_tiles(R: int, C: int, rows: int) -> bool:
+    return rq.HAS_TRITON and C % BLOCK == 0 and R % rows == 0
+
+
+def quantize_fp8_blocks(t: torch.Tensor, rows: int, axis: int = -1, in_scale: torch.Tensor | None = None,
+                        in_rows: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """(E4M3 codes (R, C), float32 scales (R/rows, C/128)) of a 2-D tensor (or its transpose, ``axis=0``) with
+    ``rows``×128 tiles (rows 1 or 128); ``codes.float() * scale`` (broadcast over tiles) is the oracle's x̂ bitwise.
+    ``in_scale``: ``t`` holds FP8 codes with these ``in_rows``×128 tile scales. A 1×128 scale comes as the
+    outer-dim-major view ``F.scaled_mm`` reads."""
+    R, C = (t.shape[1], t.shape[0]) if axis == 0 else tuple(t.shape)
+    if _kernel_tiles(R, C, rows):
+        codes, stored = fp8_tiles(t, rows, axis, in_scale, in_rows)
+        return codes, (stored.t() if rows == 1 else stored[:, : C // BLOCK])
+    src = t.float() if in_scale is None else dequantize_fp8_blocks(t, in_scale, in_rows)
+    codes, scale = fp8_blockwise_codes(src.t() if axis == 0 else src, rows, BLOCK, "e4m3")
     return codes.to(E4M3), scale
 
 
@@ -81,8 +121,8 @@ class FP8BlockLinearFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x2d: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype):
         with torch.autocast(device_type=x2d.device.type, enabled=False):
-            x8, sx = quantize_fp8_blocks(x2d.float(), 1)
-            w8, sw = quantize_fp8_blocks(weight.float(), BLOCK)
+            x8, sx = quantize_fp8_blocks(x2d, 1)
+            w8, sw = quantize_fp8_blocks(weight, BLOCK)
             y = _mm_1x128_128x128(x8, sx, w8, sw, out_dtype)
         ctx.save_for_backward(x8, sx, w8, sw)
         ctx.x_dtype, ctx.w_dtype = x2d.dtype, weight.dtype
@@ -93,15 +133,15 @@ class FP8BlockLinearFn(torch.autograd.Function):
         x8, sx, w8, sw = ctx.saved_tensors
         gx = gw = None
         with torch.autocast(device_type=gy.device.type, enabled=False):
-            e = gy.float()
+            e = gy.contiguous()
             if ctx.needs_input_grad[0]:
                 e8, se = quantize_fp8_blocks(e, 1)
                 # b = Ŵᵀ (in, out): the forward's codes transposed, each 128×128 block's scale with it
                 gx = _mm_1x128_128x128(e8, se, w8.t().contiguous(), sw.t(), torch.float32).to(ctx.x_dtype)
             if ctx.needs_input_grad[1]:
-                et8, set_ = quantize_fp8_blocks(e.t().contiguous(), 1)
-                xhat_t = dequantize_fp8_blocks(x8, sx, 1).t().contiguous()
-                xt8, sxt = quantize_fp8_blocks(xhat_t, 1)
+                # Eᵀ and X̂ᵀ in 1×128 tiles along the tokens, read down E and the saved codes (no transposed copy)
+                et8, set_ = quantize_fp8_blocks(e, 1, axis=0)
+                xt8, sxt = quantize_fp8_blocks(x8, 1, axis=0, in_scale=sx, in_rows=1)
                 gw = _mm_1x128_1x128(et8, set_, xt8, sxt, torch.float32).to(ctx.w_dtype)
         return gx, gw, None
 

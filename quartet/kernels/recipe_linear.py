@@ -248,6 +248,12 @@ def _mm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> torch.Tenso
     return (a.float() @ b.float().t()).to(out_dtype)
 
 
+def _gemm_dtype(t: torch.Tensor, out_dtype: torch.dtype) -> torch.dtype:
+    """What the GEMM writes: the output's own dtype on a GPU (BF16 under autocast, as the BF16 model's linears; a
+    float32 output is accumulated and written in float32, not rounded through BF16), float32 on the CPU."""
+    return out_dtype if t.is_cuda and out_dtype in (torch.bfloat16, torch.float32) else torch.float32
+
+
 def _gemm(a: _Operand, b: _Operand, out_dtype: torch.dtype, gemm_dtype: torch.dtype,
           factor: torch.Tensor | None = None) -> torch.Tensor:
     """The scaled product ``(a.values @ b.valuesᵀ) · P_a · P_b (· factor)`` in ``out_dtype``."""
@@ -298,8 +304,7 @@ class RecipeLinearFn(torch.autograd.Function):
         with torch.autocast(device_type=x2d.device.type, enabled=False):
             qa, xs, fx = _forward_operand(x2d, plan.fwd_a, quantized)
             qb, ws, fw = _forward_operand(weight, plan.fwd_b, quantized)
-            gemm_dtype = torch.bfloat16 if x2d.is_cuda else torch.float32
-            y = _gemm(qa, qb, out_dtype, gemm_dtype)
+            y = _gemm(qa, qb, out_dtype, _gemm_dtype(x2d, out_dtype))
         if quantized:
             x_src, x_post, w_src, w_post = xs.values, xs.post, ws.values, ws.post
         else:
@@ -316,7 +321,6 @@ class RecipeLinearFn(torch.autograd.Function):
         gx = gw = None
         with torch.autocast(device_type=gy.device.type, enabled=False):
             e = gy.contiguous()
-            gemm_dtype = torch.bfloat16 if e.is_cuda else torch.float32
             s_dx = signs[0] if plan.dx_signs else None
             s_dw = signs[1] if plan.dw_signs else None
             # dX = E·Wsrc: E along N, Wsrcᵀ (K × N) read down W's columns
@@ -327,7 +331,7 @@ class RecipeLinearFn(torch.autograd.Function):
             else:
                 wb = _Operand(w_src.t(), w_post)
             if ctx.needs_input_grad[0]:
-                gx = _gemm(ea, wb, ctx.x_dtype, gemm_dtype, fx)
+                gx = _gemm(ea, wb, ctx.x_dtype, _gemm_dtype(e, ctx.x_dtype), fx)
             if ctx.needs_input_grad[1]:
                 # dW = Eᵀ·Xsrc: both read down their columns (reduction over tokens)
                 # an elementwise kind (one scale for the whole tensor: FP8 tensor scaling, LUQ) quantizes E the same

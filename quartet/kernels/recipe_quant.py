@@ -527,6 +527,8 @@ def _tile(kind: _Kind, hb: int, cuda: bool) -> tuple[int, int, int]:
     """(BR, BK, warps) of a launch: BK covers a group, a Hadamard block and a 128-tile; BR a tile's rows."""
     bk = max(kind.group, hb, 128)
     br = max(kind.tile_rows, 32 if cuda else 64)  # the CPU interpreter: few large programs
+    if cuda and kind.code in (K_4O6, K_EDEN):
+        br = 16  # float64 sums: half the tile keeps them in registers
     if cuda and br * bk > 8192 and kind.tile_rows < 128:
         br = max(kind.tile_rows, 8192 // bk)
     warps = 8 if br * bk >= 16384 else 4
