@@ -55,10 +55,11 @@ def copy_gbps() -> float:
 
 
 def _precision(name: str):
+    """The recipe's shipped precision config; ``keep_bf16`` cleared (the one linear timed here is every layer)."""
     sys.path.insert(0, str(REPO / "benchmarks"))
     from oracle_sensitivity import precision
 
-    return precision(name)
+    return precision(name, keep_bf16=[])
 
 
 def quant_calls(recipe: str, T: int, K: int, N: int):

@@ -124,9 +124,8 @@ if [ "$mode" = speed ]; then
   # (SPEED_STAGES, default tests,kernels,speed7m,speed200m) in order, everything into $LOGS/speed:
   #   tests      GPU_TESTS groups (';'-separated) side by side while the corpus builds
   #   kernels    benchmarks/recipe_kernels.py at llama_200m: quantizer calls vs the copy floor, layers vs BF16
-  #   speed7m    benchmarks/ladder_speed.py at llama_7m: every recipe, CUDA graphs (+ SPEED_BASELINES: the compiled
-  #              path of two recipes, the "before")
-  #   speed200m  the same at llama_200m, micro-batch 64, all configurations at once
+  #   speed200m  benchmarks/ladder_speed.py at llama_200m: every recipe, CUDA graphs, micro-batch 64, all at once
+  #   speed7m    the same at llama_7m (+ SPEED_BASELINES, "" for none: the compiled path of two recipes, the "before")
   # Each call waits up to SPEED_WAIT s, then packs what is done into $OUT/speed.tar.gz (+ speed.log).
   D=$LOGS/speed
   mkdir -p "$D"
@@ -139,7 +138,7 @@ if [ "$mode" = speed ]; then
 tests/kernels/test_fp8_block_linear.py tests/kernels/test_wiring.py;tests/quant/test_gpu_recipes.py -k 'block_linear or \
 trains';tests/kernels/test_fp8_linear.py tests/kernels/test_kernel_quantizers.py tests/quant/test_gpu.py}"
     export SPEED_STAGES=${SPEED_STAGES:-tests,kernels,speed7m,speed200m}
-    export SPEED_BASELINES=${SPEED_BASELINES:-nvfp4@compiled:graphs,mxfp8@compiled:graphs}
+    export SPEED_BASELINES=${SPEED_BASELINES-nvfp4@compiled:graphs,mxfp8@compiled:graphs}
     stamp "speed job: $SPEED_STAGES"
     cat > "$D/job.sh" <<'JOB'
 echo $$ > "$D/job.pid"
@@ -162,17 +161,17 @@ if has kernels; then
   st "kernels"; "$PY" benchmarks/recipe_kernels.py --out "$D/kernels_200m.json" > "$D/kernels.log" 2>&1; st "kernels exit $?"
 fi
 wait $data_pid; st "corpus: $(tail -1 "$D/data_prepare.log")"
-if has speed7m; then
-  st "speed 7m"
-  "$PY" benchmarks/ladder_speed.py --models llama_7m --configs "$recipes,$SPEED_BASELINES" --split 4 \
-    --out "$D/recipe_speed.json" > "$D/speed7m.log" 2>&1
-  st "speed 7m exit $?"
-fi
 if has speed200m; then
   st "speed 200m"
-  "$PY" benchmarks/ladder_speed.py --models llama_200m --configs "$recipes" --split 4 --micro-batch 64 --concurrent 11 \
+  "$PY" benchmarks/ladder_speed.py --models llama_200m --configs "$recipes" --split 6 --micro-batch 64 --concurrent 11 \
     --out "$D/speed_200m.json" > "$D/speed200m.log" 2>&1
   st "speed 200m exit $?"
+fi
+if has speed7m; then
+  st "speed 7m"
+  "$PY" benchmarks/ladder_speed.py --models llama_7m --configs "$recipes${SPEED_BASELINES:+,$SPEED_BASELINES}" --split 4 \
+    --out "$D/recipe_speed.json" > "$D/speed7m.log" 2>&1
+  st "speed 7m exit $?"
 fi
 touch "$D/job.done"; st "job done"
 JOB

@@ -23,6 +23,8 @@ on the operand-by-operand path) and tokens are zero-padded to 128 (zero rows cha
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 
@@ -60,8 +62,10 @@ def _(x, rows, axis, in_scale, in_rows):
     return codes, x.new_empty((R // BLOCK, -(-(C // BLOCK) // 4) * 4), dtype=torch.float32)
 
 
-def _kernel_tiles(R: int, C: int, rows: int) -> bool:
-    return rq.HAS_TRITON and C % BLOCK == 0 and R % rows == 0
+def _kernel_tiles(t: torch.Tensor, R: int, C: int, rows: int) -> bool:
+    """Whether the Triton kernel tiles this operand: whole tiles, on a GPU (or Triton's CPU interpreter)."""
+    return (rq.HAS_TRITON and C % BLOCK == 0 and R % rows == 0
+            and (t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"))
 
 
 def quantize_fp8_blocks(t: torch.Tensor, rows: int, axis: int = -1, in_scale: torch.Tensor | None = None,
@@ -71,7 +75,7 @@ def quantize_fp8_blocks(t: torch.Tensor, rows: int, axis: int = -1, in_scale: to
     ``in_scale``: ``t`` holds FP8 codes with these ``in_rows``×128 tile scales. A 1×128 scale comes as the
     outer-dim-major view ``F.scaled_mm`` reads."""
     R, C = (t.shape[1], t.shape[0]) if axis == 0 else tuple(t.shape)
-    if _kernel_tiles(R, C, rows):
+    if _kernel_tiles(t, R, C, rows):
         codes, stored = fp8_tiles(t, rows, axis, in_scale, in_rows)
         return codes, (stored.t() if rows == 1 else stored[:, : C // BLOCK])
     src = t.float() if in_scale is None else dequantize_fp8_blocks(t, in_scale, in_rows)
@@ -102,17 +106,29 @@ def _block_scale_of_mat2(s: torch.Tensor) -> torch.Tensor:
     return buf.t()
 
 
+@torch.library.custom_op("quartet::blockwise_scaled_mm", mutates_args=())
+def blockwise_scaled_mm(a8: torch.Tensor, b8_t: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+                        b_block_rows: int, out_dtype: torch.dtype) -> torch.Tensor:
+    """``F.scaled_mm(a8, b8_t, …)`` with a's 1×128 recipe and b's 1×128 or 128×128 one, as a registered operator:
+    Dynamo cannot trace ``F.scaled_mm`` itself (torch 2.11 breaks the graph there), an operator it can."""
+    recipe_b = F.ScalingType.BlockWise128x128 if b_block_rows == BLOCK else F.ScalingType.BlockWise1x128
+    return F.scaled_mm(a8, b8_t, scale_a, F.ScalingType.BlockWise1x128, scale_b, recipe_b, output_dtype=out_dtype)
+
+
+@blockwise_scaled_mm.register_fake
+def _(a8, b8_t, scale_a, scale_b, b_block_rows, out_dtype):
+    return a8.new_empty((a8.shape[0], b8_t.shape[1]), dtype=out_dtype)
+
+
 def _mm_1x128_128x128(a8, sa, b8, sb, out_dtype):
     """``a @ b.T`` for a (M, K) with 1×128 scales ``sa`` and b (N, K) with 128×128 block scales ``sb``."""
-    return F.scaled_mm(a8, b8.t(), _left_scale(sa), F.ScalingType.BlockWise1x128,
-                       _block_scale_of_mat2(sb), F.ScalingType.BlockWise128x128, output_dtype=out_dtype)
+    return blockwise_scaled_mm(a8, b8.t(), _left_scale(sa), _block_scale_of_mat2(sb), BLOCK, out_dtype)
 
 
 def _mm_1x128_1x128(a8, sa, b8, sb, out_dtype):
     """``a @ b.T`` for a (M, K) and b (N, K), both with 1×128 scales along K (b's scales (N, K/128), outer-dim-major
     like a's)."""
-    return F.scaled_mm(a8, b8.t(), _left_scale(sa), F.ScalingType.BlockWise1x128,
-                       _left_scale(sb), F.ScalingType.BlockWise1x128, output_dtype=out_dtype)
+    return blockwise_scaled_mm(a8, b8.t(), _left_scale(sa), _left_scale(sb), 1, out_dtype)
 
 
 class FP8BlockLinearFn(torch.autograd.Function):

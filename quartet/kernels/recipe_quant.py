@@ -31,7 +31,9 @@ Exactness. Deterministic kinds are bitwise the oracle's on any input, the non-fi
 (tests/kernels/test_recipe_quant.py); stochastic ones follow the oracle's rule with their own uniforms (Philox
 cannot replay ``torch.Generator``): each output is one of the oracle's two neighbours, unbiased. Rotated kinds are
 bitwise where the ±1 sums are exact in float32 (BF16 inputs over 16-blocks always; 128-blocks unless a block spans
-more than ~9 binades). NVFP4's 4/6 choice and MS-EDEN's correction sum in float64, as the oracle.
+more than ~9 binades). NVFP4's 4/6 choice sums its errors in float64, as the oracle; MS-EDEN's correction sums in
+float32 (a last-bit difference of the scale before its stochastic rounding). Stochastic rounding draws 16-bit
+uniforms, eight per Philox call.
 """
 from __future__ import annotations
 
@@ -189,6 +191,20 @@ if HAS_TRITON:
         return (lo + tl.where(u < t - lo, 1.0, 0.0)) * step
 
     @triton.jit
+    def _tile_uniforms(seed, row0, col0, K, BR: tl.constexpr, BK: tl.constexpr):
+        """One uniform in (0, 1) per element of the (BR, BK) tile at (row0, col0), eight from each Philox call (its
+        four 32-bit outputs split in 16-bit halves: an eighth of ``tl.rand``'s work), keyed by (seed, element index
+        / 8) with a fixed bijection inside the eight. Resolution 2^-16, centred: P(u < f) is within 2^-17 of f."""
+        rows = row0 + tl.arange(0, BR)
+        c8 = col0 // 8 + tl.arange(0, BK // 8)
+        r0, r1, r2, r3 = tl.randint4x(seed, rows[:, None] * (K // 8) + c8[None, :])
+        rr = tl.join(tl.join(r0, r1), tl.join(r2, r3))  # (BR, BK/8, 2, 2)
+        rr = tl.join(rr & 0xFFFF, (rr >> 16) & 0xFFFF)  # (BR, BK/8, 2, 2, 2)
+        r16 = tl.reshape(rr, (BR, BK))
+        # 2^23 + r exactly, from the bits (no integer-to-float conversion)
+        return ((r16 | 0x4B000000).to(tl.float32, bitcast=True) - 8388607.5) * 1.52587890625e-05
+
+    @triton.jit
     def _tensor_scale(A, INV_CS: tl.constexpr):
         """NVFP4's FP32 tensor scale from the amax over finite groups (:func:`quartet.quant.mx.nvfp4_tensor_scale`)."""
         return tl.maximum(tl.where(A > 0.0, A * INV_CS, 1.0), _tiny())
@@ -209,14 +225,20 @@ if HAS_TRITON:
     def _load_rotated(x_ptr, R, K, s_r, s_k, isc_ptr, is_r, is_k, h_ptr, signs_ptr, pid_r, pid_k,
                       IN_SCALE: tl.constexpr, IN_DIV_R: tl.constexpr, IN_DIV_K: tl.constexpr, HB: tl.constexpr,
                       HAS_SIGNS: tl.constexpr, DOT_MODE: tl.constexpr, INV_SQRT: tl.constexpr,
-                      BR: tl.constexpr, BK: tl.constexpr):
+                      BR: tl.constexpr, BK: tl.constexpr, TRANS: tl.constexpr):
         """The ``BR × BK`` tile (rows, reduction axis) of the logical operand as float32: loaded through its
         strides (zeros past the edges), times its input scale (an FP8 operand read back), rotated per ``HB``-block."""
         rows = pid_r * BR + tl.arange(0, BR)
         cols = pid_k * BK + tl.arange(0, BK)
         inb = (rows < R)[:, None] & (cols < K)[None, :]
-        x = tl.load(x_ptr + rows[:, None].to(tl.int64) * s_r + cols[None, :].to(tl.int64) * s_k, mask=inb,
-                    other=0.0).to(tl.float32)
+        if TRANS:
+            # xᵀ read down its columns: load the tile in its stored order (coalesced), transpose in registers
+            xs = tl.load(x_ptr + cols[:, None].to(tl.int64) * s_k + rows[None, :].to(tl.int64) * s_r,
+                         mask=(cols < K)[:, None] & (rows < R)[None, :], other=0.0)
+            x = tl.trans(xs).to(tl.float32)
+        else:
+            x = tl.load(x_ptr + rows[:, None].to(tl.int64) * s_r + cols[None, :].to(tl.int64) * s_k, mask=inb,
+                        other=0.0).to(tl.float32)
         if IN_SCALE:
             soff = (rows // IN_DIV_R)[:, None].to(tl.int64) * is_r + (cols // IN_DIV_K)[None, :].to(tl.int64) * is_k
             x = x * tl.load(isc_ptr + soff, mask=inb, other=0.0)
@@ -262,12 +284,13 @@ if HAS_TRITON:
                    PASS: tl.constexpr, KIND: tl.constexpr, G: tl.constexpr, TR: tl.constexpr, AMAX: tl.constexpr,
                    E5M2: tl.constexpr, STOCHASTIC: tl.constexpr, HB: tl.constexpr, HAS_SIGNS: tl.constexpr,
                    DOT_MODE: tl.constexpr, INV_SQRT: tl.constexpr, IN_SCALE: tl.constexpr, IN_DIV_R: tl.constexpr,
-                   IN_DIV_K: tl.constexpr, WRITE_GS: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr):
+                   IN_DIV_K: tl.constexpr, WRITE_GS: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
+                   TRANS: tl.constexpr = False, OUT_T: tl.constexpr = False):
         pid_r = tl.program_id(0)
         pid_k = tl.program_id(1)
         y, rows, cols, inb = _load_rotated(x_ptr, R, K, s_r, s_k, isc_ptr, is_r, is_k, h_ptr, signs_ptr, pid_r,
                                            pid_k, IN_SCALE, IN_DIV_R, IN_DIV_K, HB, HAS_SIGNS, DOT_MODE, INV_SQRT,
-                                           BR, BK)
+                                           BR, BK, TRANS)
         y4 = tl.reshape(y, (BR // TR, TR, BK // G, G))
         if PASS == 0:
             # the tensor's amax: over finite units (NVFP4's rule) or over everything (NaN/Inf win)
@@ -279,13 +302,13 @@ if HAS_TRITON:
             tl.atomic_max(amax_ptr, tmax.to(tl.int32, bitcast=True))
         else:
             _quant_tile(y, y4, rows, cols, inb, R, K, pid_r, pid_k, amax_ptr, seed_ptr, out_ptr, o_r, o_k, gs_ptr,
-                        gs_r, gs_k, post_ptr, KIND, G, TR, AMAX, E5M2, STOCHASTIC, WRITE_GS, BR, BK)
+                        gs_r, gs_k, post_ptr, KIND, G, TR, AMAX, E5M2, STOCHASTIC, WRITE_GS, BR, BK, OUT_T)
 
     @triton.jit
     def _quant_tile(y, y4, rows, cols, inb, R, K, pid_r, pid_k, amax_ptr, seed_ptr, out_ptr, o_r, o_k, gs_ptr, gs_r,
                     gs_k, post_ptr, KIND: tl.constexpr, G: tl.constexpr, TR: tl.constexpr, AMAX: tl.constexpr,
                     E5M2: tl.constexpr, STOCHASTIC: tl.constexpr, WRITE_GS: tl.constexpr, BR: tl.constexpr,
-                    BK: tl.constexpr):
+                    BK: tl.constexpr, OUT_T: tl.constexpr):
         """The quantization pass of :func:`_rq_kernel` on a loaded (rotated) tile."""
         if AMAX != 0:
             A = tl.load(amax_ptr).to(tl.float32, bitcast=True)
@@ -307,7 +330,7 @@ if HAS_TRITON:
         elif KIND == 6:  # LUQ: levels amax·2^-j, stochastic underflow and log rounding with one uniform per element
             alpha = tl.maximum(A * 0.015625, _tiny())
             a = tl.abs(y)
-            u = tl.rand(seed, rows[:, None] * K + cols[None, :])
+            u = _tile_uniforms(seed, pid_r * BR, pid_k * BK, K, BR, BK)
             under = tl.where(u * alpha < a, alpha, 0.0)
             lo = _pow2(_floor_log2(tl.math.div_rn(tl.maximum(a, alpha), A))) * A
             up = u < tl.math.div_rn(a - lo, lo)
@@ -336,8 +359,8 @@ if HAS_TRITON:
                 s = blk * S
                 t = tl.math.div_rn(y4, tl.where(s == 0.0, float("inf"), s))
                 if STOCHASTIC:
-                    uoff = tl.reshape(rows[:, None] * K + cols[None, :], (BR // TR, TR, BK // G, G))
-                    q = _copysign(_sr_e2m1(tl.abs(t), tl.rand(seed, uoff)), t)
+                    u = tl.reshape(_tile_uniforms(seed, pid_r * BR, pid_k * BK, K, BR, BK), (BR // TR, TR, BK // G, G))
+                    q = _copysign(_sr_e2m1(tl.abs(t), u), t)
                 else:
                     q = _rtn_signed(t)
                 v4 = q * blk
@@ -368,10 +391,11 @@ if HAS_TRITON:
                 t = tl.math.div_rn(y4, blk * S)
                 t = tl.minimum(tl.maximum(tl.where(t != t, 0.0, t), -3.4028234663852886e38), 3.4028234663852886e38)
                 q = _rtn_signed(t)
-                t64 = t.to(tl.float64)
-                yy = tl.sum(t64 * t64, axis=3, keep_dims=True)
-                yq = tl.sum(t64 * q.to(tl.float64), axis=3, keep_dims=True)
-                corr = tl.where(yq > 0.0, yy / tl.where(yq > 0.0, yq, 1.0), 1.0).to(tl.float32)
+                # the correction's sums in float32 (the oracle: float64): a last-bit difference of the unrounded scale,
+                # which only its stochastic rounding sees
+                yy = tl.sum(t * t, axis=3, keep_dims=True)
+                yq = tl.sum(t * q, axis=3, keep_dims=True)
+                corr = tl.where(yq > 0.0, tl.math.div_rn(yy, tl.where(yq > 0.0, yq, 1.0)), 1.0)
                 urow = pid_r * BR + tl.arange(0, BR)
                 ucol = pid_k * (BK // G) + tl.arange(0, BK // G)
                 uoff = tl.reshape(urow[:, None] * (K // G) + ucol[None, :], (BR, 1, BK // G, 1))
@@ -393,13 +417,16 @@ if HAS_TRITON:
                 um = (ur < (R + TR - 1) // TR)[:, None] & (uc < K // G)[None, :]
                 tl.store(gs_ptr + ur[:, None].to(tl.int64) * gs_r + uc[None, :].to(tl.int64) * gs_k,
                          tl.reshape(gs, (NU_R, NU_K)), mask=um)
-        dst = out_ptr + rows[:, None].to(tl.int64) * o_r + cols[None, :].to(tl.int64) * o_k
         if out_ptr.dtype.element_ty == tl.bfloat16:
-            tl.store(dst, _to_bf16(v), mask=inb)
-        elif out_ptr.dtype.element_ty == tl.float32:
-            tl.store(dst, v, mask=inb)
+            v = _to_bf16(v)
+        elif out_ptr.dtype.element_ty != tl.float32:
+            v = _to_fp8_nan(v, out_ptr.dtype.element_ty)
+        if OUT_T:
+            # written like the source: store in its (stored) order too
+            tl.store(out_ptr + cols[:, None].to(tl.int64) * o_k + rows[None, :].to(tl.int64) * o_r, tl.trans(v),
+                     mask=(cols < K)[:, None] & (rows < R)[None, :])
         else:
-            tl.store(dst, _to_fp8_nan(v, out_ptr.dtype.element_ty), mask=inb)
+            tl.store(out_ptr + rows[:, None].to(tl.int64) * o_r + cols[None, :].to(tl.int64) * o_k, v, mask=inb)
         if AMAX != 0:
             if (pid_r == 0) & (pid_k == 0):
                 tl.store(post_ptr, post)
@@ -503,13 +530,15 @@ _PM1: dict[tuple, torch.Tensor] = {}
 
 
 def hadamard_pm1(n: int, device) -> torch.Tensor:
-    """The ±1 Sylvester matrix of order ``n`` (float32) on ``device``, cached (create it before CUDA-graph capture)."""
+    """The ±1 Sylvester matrix of order ``n`` on ``device`` (BF16 on a GPU, what its tensor-core dot reads; float32
+    elsewhere), cached: create it before CUDA-graph capture."""
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     key = (n, device.type, device.index)
     if key not in _PM1:
-        _PM1[key] = sylvester_pm1(n).to(device=device, dtype=torch.float32).contiguous()
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        _PM1[key] = sylvester_pm1(n).to(device=device, dtype=dtype).contiguous()
     return _PM1[key]
 
 
@@ -527,11 +556,11 @@ def _tile(kind: _Kind, hb: int, cuda: bool) -> tuple[int, int, int]:
     """(BR, BK, warps) of a launch: BK covers a group, a Hadamard block and a 128-tile; BR a tile's rows."""
     bk = max(kind.group, hb, 128)
     br = max(kind.tile_rows, 32 if cuda else 64)  # the CPU interpreter: few large programs
-    if cuda and kind.code in (K_4O6, K_EDEN):
-        br = 16  # float64 sums: half the tile keeps them in registers
+    if cuda and hb >= 64:
+        br = 64  # the Hadamard matrix is read per program: more rows share it
     if cuda and br * bk > 8192 and kind.tile_rows < 128:
         br = max(kind.tile_rows, 8192 // bk)
-    warps = 8 if br * bk >= 16384 else 4
+    warps = 8 if br * bk >= 8192 else 4
     return br, bk, warps
 
 
@@ -618,6 +647,7 @@ def recipe_quantize(x: torch.Tensor, spec: QuantizerSpec, *, axis: int = -1, had
     dot_mode = 0 if not cuda else (1 if x.dtype == torch.bfloat16 and in_scale is None else 2)
     grid = (triton.cdiv(R, br), triton.cdiv(K, bk))
     common = dict(KIND=kind.code, G=kind.group, TR=kind.tile_rows, AMAX=kind.amax, E5M2=kind.e5m2,
+                  TRANS=s_r == 1 and s_k != 1,
                   STOCHASTIC=stochastic, HB=hadamard, HAS_SIGNS=signs is not None, DOT_MODE=dot_mode,
                   INV_SQRT=float(torch.tensor(1.0 / math.sqrt(hadamard or 1), dtype=torch.float32)),
                   IN_SCALE=in_scale is not None, IN_DIV_R=div_r, IN_DIV_K=div_k, BR=br, BK=bk, num_warps=warps)
@@ -627,7 +657,7 @@ def recipe_quantize(x: torch.Tensor, spec: QuantizerSpec, *, axis: int = -1, had
     if run_amax:
         _rq_kernel[grid](*args, values, 0, 0, dummy, 0, 0, dummy, PASS=PASS_AMAX, WRITE_GS=False, **common)
     _rq_kernel[grid](*args, values, o_r, o_k, gs_t, gs_r, gs_k, post if post is not None else dummy,
-                     PASS=PASS_QUANT, WRITE_GS=gs_out is not None, **common)
+                     PASS=PASS_QUANT, WRITE_GS=gs_out is not None, OUT_T=o_r == 1 and o_k != 1, **common)
     return RecipeOperand(values=values, post=post, gscale=gs_out, amax=amax if kind.amax != AMAX_NONE else None)
 
 

@@ -164,15 +164,35 @@ def test_model_installs_the_fused_layer_and_trains_like_the_reference(name, fuse
         assert _rel(gf[n], gr[n]) < limit, (n, _rel(gf[n], gr[n]))
 
 
-def test_compiled_model_with_device_draws_matches_eager(fused_backend):
+def test_device_draws_equal_host_draws(fused_backend):
+    """The arena a compiled model reads its draws from holds the numbers the eager layer makes per call: the same
+    loss and gradients, uncompiled, for a stochastic recipe."""
+    torch.manual_seed(0)
+    tokens = torch.randint(0, 256, (2, 33)).to(DEV)
+    host, arena = _model(), _model()
+    Q.apply_precision(host, PrecisionConfig(name="nvfp4"), seed=7, device=DEV)
+    Q.apply_precision(arena, PrecisionConfig(name="nvfp4"), seed=7, device=DEV, traceable=True)
+    for step in (1, 2):
+        Q.set_step(host, step)
+        Q.set_step(arena, step)
+        Q.begin_micro_batch(arena, 0)
+        lh, gh = _loss_and_grads(host, tokens)
+        la, ga = _loss_and_grads(arena, tokens)
+        assert float(lh) == float(la)
+        for n in gh:
+            assert torch.equal(ga[n], gh[n]), (step, n)
+
+
+@pytest.mark.parametrize("name", ["mxfp8", "nvfp4"])
+def test_compiled_model_with_device_draws_matches_eager(name, fused_backend):
     """run.compile's path: registered operators traced by torch.compile, draws from the device arena — the same
     loss and gradients as the eager layer with host draws, step for step."""
     torch.manual_seed(0)
     tokens = torch.randint(0, 256, (2, 33)).to(DEV)
     eager = _model()
-    Q.apply_precision(eager, PrecisionConfig(name="nvfp4"), seed=7, device=DEV)
+    Q.apply_precision(eager, PrecisionConfig(name=name), seed=7, device=DEV)
     traced = _model()
-    plan = Q.apply_precision(traced, PrecisionConfig(name="nvfp4"), seed=7, device=DEV, traceable=True)
+    plan = Q.apply_precision(traced, PrecisionConfig(name=name), seed=7, device=DEV, traceable=True)
     assert plan.traceable
     compiled = torch.compile(traced, fullgraph=True, backend="aot_eager" if DEV == "cpu" else "inductor")
     for step in (1, 2):
@@ -182,5 +202,5 @@ def test_compiled_model_with_device_draws_matches_eager(fused_backend):
         le, ge = _loss_and_grads(eager, tokens)
         lc, gc = _loss_and_grads(compiled, tokens, traced)
         assert abs(float(le - lc)) < 1e-5 * float(le)
-        for n in ge:
-            assert _rel(gc[n], ge[n]) < 1e-4, (step, n)
+        worst = max(ge, key=lambda n: _rel(gc[n], ge[n]))
+        assert _rel(gc[worst], ge[worst]) < 1e-4, (step, worst, _rel(gc[worst], ge[worst]))

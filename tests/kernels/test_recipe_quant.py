@@ -34,10 +34,22 @@ LUQ = QuantizerSpec("luq", stochastic=True)
 INT4 = QuantizerSpec("int4", scaling="row")
 
 
-def same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Bitwise-equal values with NaN in the same places (and -0 == +0)."""
-    a, b = a.float().cpu(), b.float().cpu()
-    return a.shape == b.shape and bool(((a == b) | (a.isnan() & b.isnan())).all())
+class same:
+    """Bitwise-equal values with NaN in the same places (and -0 == +0); false, it tells where (its repr)."""
+
+    def __init__(self, a: torch.Tensor, b: torch.Tensor):
+        self.a, self.b = a.float().cpu(), b.float().cpu()
+        self.ok = self.a.shape == self.b.shape and bool(((self.a == self.b) | (self.a.isnan() & self.b.isnan())).all())
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    def __repr__(self) -> str:
+        if self.a.shape != self.b.shape:
+            return f"shapes {tuple(self.a.shape)} != {tuple(self.b.shape)}"
+        bad = ~((self.a == self.b) | (self.a.isnan() & self.b.isnan()))
+        idx = bad.nonzero()[:6].tolist()
+        return f"{int(bad.sum())} differ, e.g. " + ", ".join(f"{i}: {self.a[tuple(i)]} vs {self.b[tuple(i)]}" for i in idx)
 
 
 def _source(shape, axis, seed, dtype=torch.bfloat16, spread=True):
@@ -196,7 +208,7 @@ def test_edges_bitwise(name, edge_tensors):
             out = rq.row_quantize(x.to(DEV), spec, deq=True, deq_dtype=torch.float32)
             ref = (formats.int4_quantize(x, "row")[0] if spec.kind == "int4"
                    else ms_fp4_quantize(x, spec.clip_quantile, spec.dge_k, spec.dge_cap).dequantized())
-            assert same(out.deq, ref), (name, edge)
+            assert (check := same(out.deq, ref)), (name, edge, check)
             continue
         out = rq.recipe_quantize(x.to(DEV), spec, gscale=True, out_dtype=torch.float32)
         if spec.kind == "mxfp8":

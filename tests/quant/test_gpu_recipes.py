@@ -73,11 +73,18 @@ def run_fast_and_oracle(name: str, fast, device: str):
     return y_fast, g_fast, y_cpu, g_cpu
 
 
+#: recipes whose fused layer rounds an operand the oracle keeps in float32 (quartet/kernels/recipe_linear.py): ms_fp4's
+#: X̂ = Q(Xc)·s + ΔX (the outlier residual has no common scale) is multiplied in BF16, 2^-9 per element, which the
+#: second layer's FP4 rounding amplifies to ~1.3% of the two layers' output (H200, measured)
+ROUNDED_FORWARD = {"ms_fp4": 2e-2}
+
+
 def forward_drift_bound(name: str) -> float:
     """How far a correct fast forward may sit from the (matched) oracle: 1% of its norm, or 1.5x the oracle's own
     drift under a reordered sum where that is larger (benchmarks/oracle_sensitivity.py: 0.1-0.3% for most recipes,
-    2% for quartet, whose first layer puts a fifth of its outputs exactly on bf16 ties)."""
-    return max(1e-2, 1.5 * PAIR.measure(name, draws=3, noise=1e-5)["reordered_max"])
+    2% for quartet, whose first layer puts a fifth of its outputs exactly on bf16 ties), or a documented rounding of
+    the fused layer (:data:`ROUNDED_FORWARD`)."""
+    return max(1e-2, ROUNDED_FORWARD.get(name, 0.0), 1.5 * PAIR.measure(name, draws=3, noise=1e-5)["reordered_max"])
 
 
 @pytest.mark.parametrize("name", _recipes())
