@@ -239,12 +239,24 @@ def _quantize(src: torch.Tensor, op: OperandPlan, axis: int, hb: int = 0, signs=
     return _Operand(values, post if op.tensor_scaled else None), cell
 
 
+@torch.library.custom_op("quartet::bf16_gemm", mutates_args=())
+def bf16_gemm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """``a @ bᵀ`` of BF16 operands with float32 accumulation, written in ``out_dtype`` (cuBLAS), as a registered
+    operator: Inductor keeps it as the library call instead of lowering ``mm(out_dtype=)`` itself."""
+    if out_dtype == torch.bfloat16:
+        return torch.mm(a, b.t())
+    return torch.mm(a, b.t(), out_dtype=out_dtype)
+
+
+@bf16_gemm.register_fake
+def _(a, b, out_dtype):
+    return a.new_empty((a.shape[0], b.shape[0]), dtype=out_dtype)
+
+
 def _mm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
     """``a @ bᵀ`` with float32 accumulation: BF16 tensor cores on a GPU, float32 elsewhere (the values are exact)."""
     if a.is_cuda:
-        if out_dtype == torch.bfloat16:
-            return torch.mm(a, b.t())
-        return torch.mm(a, b.t(), out_dtype=out_dtype)
+        return bf16_gemm(a, b, out_dtype)
     return (a.float() @ b.float().t()).to(out_dtype)
 
 

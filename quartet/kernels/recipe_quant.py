@@ -38,6 +38,7 @@ uniforms, eight per Philox call.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 import torch
@@ -132,6 +133,19 @@ if HAS_TRITON:
     INV_448 = tl.constexpr(1.0 / E4M3_MAX)
     INV_57344 = tl.constexpr(1.0 / E5M2_MAX)
     INV_7 = tl.constexpr(1.0 / INT4_MAX)
+
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        @triton.jit
+        def _mul_rn(a, b):
+            """a·b rounded once (the interpreter does not contract)."""
+            return a * b
+    else:
+        @triton.jit
+        def _mul_rn(a, b):
+            """a·b rounded once, never contracted with a following add into an FMA (``mul.rn``): where the oracle
+            rounds the product before adding, so must the kernel."""
+            return tl.inline_asm_elementwise("mul.rn.f32 $0, $1, $2;", "=f,f,f", [a, b], dtype=tl.float32,
+                                             is_pure=True, pack=1)
 
     @triton.jit
     def _copysign(mag, v):
@@ -489,7 +503,7 @@ if HAS_TRITON:
             if WRITE_DEQ:
                 d = q * s[:, None]
                 if OCC:
-                    d = d + (x - xc)
+                    d = _mul_rn(q, s[:, None]) + (x - xc)
                 if deq_ptr.dtype.element_ty == tl.float32:
                     tl.store(deq_ptr + offs, d, mask=m)
                 else:
