@@ -24,17 +24,17 @@ x̂ rounded once to BF16, because its row scales lie along the backward GEMMs' r
 factored out (so is MS-FP4's X̂ = Q(Xc) + ΔX in its forward GEMM: the outlier residual has no common scale). Those
 are the layer's only roundings beyond the oracle's, each ≤ 2^-9 relative (BF16's, as the BF16 model's own).
 
-Graph-safe: every kernel call is a registered operator (``torch.library.custom_op``) with a shape function, the
-random draws (Hadamard signs, Philox seeds) are device tensors fed per micro-batch (:class:`DeviceDraws`) or made
-on the host per call when run eagerly, and there is no host sync, so ``torch.compile`` traces the whole model and
-CUDA graphs capture it. The scale epilogues are plain tensor ops that Inductor fuses into their neighbours.
+Graph-safe: the layer's forward and backward are registered operators (``torch.library.custom_op``, with shape
+functions and an autograd formula, as the fused Quartet layer), the random draws (Hadamard signs, Philox seeds) are
+device tensors fed per micro-batch (:class:`~quartet.kernels.linear.DeviceDraws`) or made on the host per call when
+run eagerly, and there is no host sync, so ``torch.compile`` traces the whole model and CUDA graphs capture it.
 """
 from __future__ import annotations
 
 import functools
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -49,6 +49,8 @@ __all__ = ["RecipePlan", "plan_for", "covers", "covers_shape", "RecipeQuantLinea
 #: how the quant plan names this layer
 IMPL_RECIPE = ("RecipeQuantLinear, fused Triton quantizers + BF16 tensor-core GEMMs, scales after the GEMM "
                "(quartet.kernels.recipe_linear)")
+#: the layer plans by key: what the registered operators receive (a string) and look up
+_PLANS: dict = {}
 #: tokens are zero-padded to a multiple of this (groups, 2-D tiles and Hadamard blocks along the token axis)
 TOKEN_MULTIPLE = 128
 
@@ -97,6 +99,8 @@ class RecipePlan:
     dx_signs: str | None
     dw_signs: str | None
     bwd_source: str
+    #: the plan's name for the registered operators (:data:`_PLANS`)
+    key: str = field(default="", compare=False)
 
     @property
     def draw_block(self) -> int:
@@ -156,7 +160,10 @@ def plan_for(scheme) -> RecipePlan | None:
         return None  # the raw float32 weight would have to be rounded for a BF16 GEMM
     ops = [OperandPlan.of(s) for s in (scheme.fwd.a, scheme.fwd.b, scheme.dx.a, scheme.dx.b, scheme.dw.a,
                                        scheme.dw.b)]
-    return RecipePlan(*ops, dx_hb, dw_hb, dx_signs, dw_signs, scheme.bwd_source)
+    key = json.dumps([None if op is None else op.key for op in ops]
+                     + [dx_hb, dw_hb, dx_signs, dw_signs, scheme.bwd_source])
+    plan = RecipePlan(*ops, dx_hb, dw_hb, dx_signs, dw_signs, scheme.bwd_source, key)
+    return _PLANS.setdefault(key, plan)
 
 
 def covers(scheme) -> bool:
@@ -304,61 +311,133 @@ def _forward_operand(src: torch.Tensor, plan: OperandPlan, keep: bool):
     return op, saved, (fac if fac.numel() else None)
 
 
-class RecipeLinearFn(torch.autograd.Function):
-    """``Y = Q(X) Q(W)ᵀ`` with the three GEMMs of a :class:`RecipePlan` (see the module docstring).
+def _empty(like: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
+    return like.new_empty(0, dtype=dtype)
 
-    ``x2d``: (T, K), T a multiple of :data:`TOKEN_MULTIPLE`; ``signs`` (2, block) float32 and ``seeds`` (4,) int64:
-    the backward GEMMs' Hadamard signs and the Philox seeds of ``dx_e, dx_w, dw_e, dw_x``, on the device."""
 
-    @staticmethod
-    def forward(ctx, x2d, weight, signs, seeds, plan: RecipePlan, out_dtype: torch.dtype):
-        quantized = plan.bwd_source == "quantized"
-        with torch.autocast(device_type=x2d.device.type, enabled=False):
-            qa, xs, fx = _forward_operand(x2d, plan.fwd_a, quantized)
-            qb, ws, fw = _forward_operand(weight, plan.fwd_b, quantized)
-            y = _gemm(qa, qb, out_dtype, _gemm_dtype(x2d, out_dtype))
-        if quantized:
-            x_src, x_post, w_src, w_post = xs.values, xs.post, ws.values, ws.post
+def _forward(x2d: torch.Tensor, weight: torch.Tensor, plan: RecipePlan, out_dtype: torch.dtype):
+    """``(y, X̂ or None, its post-scale, Ŵ or None, its post-scale, X's gradient factor, W's)``: the forward GEMM
+    and, where the backward requantizes the forward's operands, what it reuses."""
+    quantized = plan.bwd_source == "quantized"
+    qa, xs, fx = _forward_operand(x2d, plan.fwd_a, quantized)
+    qb, ws, fw = _forward_operand(weight, plan.fwd_b, quantized)
+    y = _gemm(qa, qb, out_dtype, _gemm_dtype(x2d, out_dtype))
+    if not quantized:
+        return y, None, None, None, None, fx, fw
+    return y, xs.values, xs.post, ws.values, ws.post, fx, fw
+
+
+def _backward(e: torch.Tensor, x_src, x_post, w_src, w_post, fx, fw, signs, seeds, plan: RecipePlan,
+              x_dtype: torch.dtype, w_dtype: torch.dtype, need_x: bool, need_w: bool):
+    """``(dX, dW)`` (None where not needed) from the output gradient ``e`` and what the forward saved."""
+    gx = gw = None
+    s_dx = signs[0] if plan.dx_signs else None
+    s_dw = signs[1] if plan.dw_signs else None
+    # dX = E·Wsrc: E along N, Wsrcᵀ (K × N) read down W's columns
+    ea, cell = _quantize(e, plan.dx_a, -1, plan.dx_hb, s_dx, seeds[0:1])
+    if need_x:
+        if plan.dx_b is not None:
+            wb, _ = _quantize(w_src, plan.dx_b, 0, plan.dx_hb, s_dx, seeds[1:2])
+            wb = _times(wb, w_post)
         else:
-            x_src, x_post, w_src, w_post = x2d, None, weight, None
-        ctx.save_for_backward(x_src, x_post, w_src, w_post, fx, fw, signs, seeds)
-        ctx.plan = plan
-        ctx.x_dtype, ctx.w_dtype = x2d.dtype, weight.dtype
-        return y
+            wb = _Operand(w_src.t(), w_post)
+        gx = _gemm(ea, wb, x_dtype, _gemm_dtype(e, x_dtype), fx)
+    if need_w:
+        # dW = Eᵀ·Xsrc: both read down their columns (reduction over tokens). An elementwise kind (one scale for
+        # the whole tensor: FP8 tensor scaling, LUQ) quantizes E the same along either axis: a deterministic one is
+        # reused as is, a stochastic one reuses the tensor amax
+        if plan.share_e and not plan.dw_a.stochastic:
+            et = _Operand(ea.values.t(), ea.post)
+        else:
+            et, _ = _quantize(e, plan.dw_a, 0, plan.dw_hb, s_dw, seeds[2:3], cell if plan.share_e else None)
+        if plan.dw_b is not None:
+            xb, _ = _quantize(x_src, plan.dw_b, 0, plan.dw_hb, s_dw, seeds[3:4])
+            xb = _times(xb, x_post)
+        else:
+            xb = _Operand(x_src.t(), x_post)
+        gw = _gemm(et, xb, w_dtype, torch.float32, fw)
+    return gx, gw
 
-    @staticmethod
-    def backward(ctx, gy):
-        x_src, x_post, w_src, w_post, fx, fw, signs, seeds = ctx.saved_tensors
-        plan: RecipePlan = ctx.plan
-        gx = gw = None
-        with torch.autocast(device_type=gy.device.type, enabled=False):
-            e = gy.contiguous()
-            s_dx = signs[0] if plan.dx_signs else None
-            s_dw = signs[1] if plan.dw_signs else None
-            # dX = E·Wsrc: E along N, Wsrcᵀ (K × N) read down W's columns
-            ea, cell = _quantize(e, plan.dx_a, -1, plan.dx_hb, s_dx, seeds[0:1])
-            if plan.dx_b is not None:
-                wb, _ = _quantize(w_src, plan.dx_b, 0, plan.dx_hb, s_dx, seeds[1:2])
-                wb = _times(wb, w_post)
-            else:
-                wb = _Operand(w_src.t(), w_post)
-            if ctx.needs_input_grad[0]:
-                gx = _gemm(ea, wb, ctx.x_dtype, _gemm_dtype(e, ctx.x_dtype), fx)
-            if ctx.needs_input_grad[1]:
-                # dW = Eᵀ·Xsrc: both read down their columns (reduction over tokens)
-                # an elementwise kind (one scale for the whole tensor: FP8 tensor scaling, LUQ) quantizes E the same
-                # along either axis: a deterministic one is reused as is, a stochastic one reuses the tensor amax
-                if plan.share_e and not plan.dw_a.stochastic:
-                    et = _Operand(ea.values.t(), ea.post)
-                else:
-                    et, _ = _quantize(e, plan.dw_a, 0, plan.dw_hb, s_dw, seeds[2:3], cell if plan.share_e else None)
-                if plan.dw_b is not None:
-                    xb, _ = _quantize(x_src, plan.dw_b, 0, plan.dw_hb, s_dw, seeds[3:4])
-                    xb = _times(xb, x_post)
-                else:
-                    xb = _Operand(x_src.t(), x_post)
-                gw = _gemm(et, xb, ctx.w_dtype, torch.float32, fw)
-        return gx, gw, None, None, None, None
+
+def _opt(t: torch.Tensor | None) -> torch.Tensor | None:
+    """An operator's optional tensor: an empty one stands for None."""
+    return None if t is None or (t.dim() > 0 and t.numel() == 0) else t
+
+
+# The layer as two registered operators (forward, backward) with an autograd formula, as the fused Quartet layer:
+# torch.compile traces a call of each, CUDA graphs capture them. (An autograd.Function traced by Dynamo returned zero
+# gradients on an H200 where the same code eager and on the CPU was right; the operators keep the layer out of it.)
+@torch.library.custom_op("quartet::recipe_linear_fwd", mutates_args=())
+def recipe_linear_fwd(x2d: torch.Tensor, weight: torch.Tensor, signs: torch.Tensor, seeds: torch.Tensor,
+                      plan_key: str, out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                                       torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(y, X̂, X̂'s post-scale, Ŵ, Ŵ's post-scale, X's factor, W's factor)`` of :func:`_forward`, absent ones empty.
+    ``signs`` (2, block) float32 and ``seeds`` (4,) int64, the backward GEMMs' Hadamard signs and the Philox seeds of
+    ``dx_e, dx_w, dw_e, dw_x`` on the device, are only carried to the backward."""
+    with torch.autocast(device_type=x2d.device.type, enabled=False):
+        out = _forward(x2d, weight, _PLANS[plan_key], out_dtype)
+    return tuple(o if o is not None else _empty(x2d) for o in out)
+
+
+@recipe_linear_fwd.register_fake
+def _(x2d, weight, signs, seeds, plan_key, out_dtype):
+    plan = _PLANS[plan_key]
+    T, K = x2d.shape
+    N = weight.shape[0]
+    quantized = plan.bwd_source == "quantized"
+
+    def saved(op: OperandPlan, rows: int):
+        if not quantized:
+            return _empty(x2d), _empty(x2d)
+        post = x2d.new_empty((), dtype=torch.float32) if op.tile and op.tensor_scaled else _empty(x2d)
+        return x2d.new_empty((rows, K), dtype=torch.bfloat16), post
+
+    def factor(op: OperandPlan, rows: int):
+        dge = not op.tile and op.spec.kind == "ms_fp4" and bool(op.spec.dge_k)
+        return x2d.new_empty((rows, K), dtype=torch.float32) if dge else _empty(x2d)
+
+    (xs, xp), (ws, wp) = saved(plan.fwd_a, T), saved(plan.fwd_b, N)
+    return (x2d.new_empty((T, N), dtype=out_dtype), xs, xp, ws, wp, factor(plan.fwd_a, T), factor(plan.fwd_b, N))
+
+
+@torch.library.custom_op("quartet::recipe_linear_bwd", mutates_args=())
+def recipe_linear_bwd(gy: torch.Tensor, x_src: torch.Tensor, x_post: torch.Tensor, w_src: torch.Tensor,
+                      w_post: torch.Tensor, fx: torch.Tensor, fw: torch.Tensor, signs: torch.Tensor,
+                      seeds: torch.Tensor, plan_key: str, x_dtype: torch.dtype, w_dtype: torch.dtype,
+                      need_x: bool, need_w: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(dX, dW)`` of :func:`_backward` (an empty tensor where not needed)."""
+    with torch.autocast(device_type=gy.device.type, enabled=False):
+        gx, gw = _backward(gy.contiguous(), x_src, _opt(x_post), w_src, _opt(w_post), _opt(fx), _opt(fw), signs,
+                           seeds, _PLANS[plan_key], x_dtype, w_dtype, need_x, need_w)
+    return (gx if gx is not None else _empty(gy, x_dtype)), (gw if gw is not None else _empty(gy, w_dtype))
+
+
+@recipe_linear_bwd.register_fake
+def _(gy, x_src, x_post, w_src, w_post, fx, fw, signs, seeds, plan_key, x_dtype, w_dtype, need_x, need_w):
+    T, K = (x_src.shape[0], w_src.shape[1])
+    N = gy.shape[1]
+    return (gy.new_empty((T, K) if need_x else (0,), dtype=x_dtype),
+            gy.new_empty((N, K) if need_w else (0,), dtype=w_dtype))
+
+
+def _setup_context(ctx, inputs, output):
+    x2d, weight, signs, seeds, plan_key, _out_dtype = inputs
+    _y, xs, xp, ws, wp, fx, fw = output
+    quantized = _PLANS[plan_key].bwd_source == "quantized"
+    ctx.save_for_backward(xs if quantized else x2d, xp, ws if quantized else weight, wp, fx, fw, signs, seeds)
+    ctx.plan_key = plan_key
+    ctx.x_dtype, ctx.w_dtype = x2d.dtype, weight.dtype
+
+
+def _backward_formula(ctx, gy, *_unused):
+    x_src, x_post, w_src, w_post, fx, fw, signs, seeds = ctx.saved_tensors
+    gx, gw = recipe_linear_bwd(gy, x_src, x_post, w_src, w_post, fx, fw, signs, seeds, ctx.plan_key, ctx.x_dtype,
+                               ctx.w_dtype, ctx.needs_input_grad[0], ctx.needs_input_grad[1])
+    return ((gx if ctx.needs_input_grad[0] else None), (gw if ctx.needs_input_grad[1] else None),
+            None, None, None, None)
+
+
+recipe_linear_fwd.register_autograd(_backward_formula, setup_context=_setup_context)
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -369,7 +448,7 @@ class RecipeQuantLinear(QuantLinear):
 
     What ``apply_precision`` installs on the ``fused`` backend where :func:`covers` and :func:`covers_shape` hold.
     Steps that record statistics run the operand-by-operand seam path (the backend's compiled oracle quantizers);
-    every other step runs :class:`RecipeLinearFn`, with its draws from the device arena once
+    every other step runs :func:`recipe_linear_fwd`, with its draws from the device arena once
     :func:`bind_recipe_draws` bound one (compiled models), else made on the host per call (the same numbers)."""
 
     def __init__(self, weight, scheme, backend, *, plan: RecipePlan, **kw):
@@ -415,7 +494,7 @@ class RecipeQuantLinear(QuantLinear):
         out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
         signs, seeds = self._draws(x.device)
         x2, T = pad_tokens(x, TOKEN_MULTIPLE)
-        y = RecipeLinearFn.apply(x2, self.weight, signs, seeds, self.plan, out_dtype)
+        y = recipe_linear_fwd(x2, self.weight, signs, seeds, self.plan.key, out_dtype)[0]
         return unpad_tokens(y, T).reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
