@@ -25,7 +25,7 @@ class PrecisionConfig:
     forward: str = "bf16"
     #: short label of the backward-GEMM precision (bf16, sr_absmax, rtn_absmax, fp8, ...)
     backward: str = "bf16"
-    #: implementation: auto | reference | compiled | triton | hopper_fp8 | blackwell_mxfp4
+    #: implementation: auto | reference | compiled | fused | triton | hopper_fp8 | blackwell_mxfp4
     backend: str = "auto"
     #: per-layer quantization statistics every N steps (0 = never)
     stats_every: int = 0
