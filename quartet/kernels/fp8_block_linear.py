@@ -169,7 +169,7 @@ def covers_shape(in_features: int, out_features: int) -> bool:
 
 def covers(scheme) -> bool:
     """Whether :class:`FP8BlockQuantLinear` implements ``scheme``: the ``fp8_deepseek`` operand set exactly."""
-    if scheme.name != "fp8_deepseek" or scheme.bwd_source != "quantized":
+    if scheme.bwd_source != "quantized":
         return False
 
     def is_block(s, rows):

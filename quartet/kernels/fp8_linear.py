@@ -124,8 +124,6 @@ def covers_shape(in_features: int, out_features: int) -> bool:
 def covers(scheme) -> bool:
     """Whether :class:`FP8QuantLinear` implements ``scheme``: the ``fp8`` scheme with tensor-wise scaling
     (E4M3 forward, E5M2 gradients). Layer shapes are checked apart (:func:`covers_shape`)."""
-    if scheme.name != "fp8":
-        return False
     specs = (scheme.fwd.a, scheme.fwd.b, scheme.dx.a, scheme.dx.b, scheme.dw.a, scheme.dw.b)
     want = ("e4m3", "e4m3", "e5m2", "e4m3", "e5m2", "e4m3")
     return all(s is not None and s.kind == "fp8" and s.scaling == "tensor" and s.fmt == f

@@ -514,8 +514,37 @@ def bind_device_draws(model: torch.nn.Module, device) -> DeviceDraws | None:
     return DeviceDraws(layers, device)
 
 
-#: schemes the fused layer implements: name -> stochastic backward
-FUSED_SCHEMES = {"quartet": False, "quartet_sr": True}
+def quartet_backward_sr(scheme) -> bool | None:
+    """Whether the fused Quartet layer runs ``scheme`` — QuEST MXFP4 forward with the fixed 32-Hadamard, absmax×3/4
+    MXFP4 backward with a 32-Hadamard re-randomised per micro-batch, on the forward's X̂, Ŵ — and if so whether its
+    backward rounds stochastically (True / False); None where it does not run it. Read off the scheme's operands,
+    not its name."""
+    f, dx, dw = scheme.fwd, scheme.dx, scheme.dw
+
+    def mx(spec, kind: str) -> bool:
+        return spec is not None and spec.kind == kind and spec.group == 32 and spec.tile_rows == 1
+
+    forward = (mx(f.a, "quest") and f.b == f.a and not f.a.stochastic and f.a.floor
+               and f.transform == "hadamard" and f.block == 32)
+    backward = all(mx(g.a, "absmax") and g.b == g.a and g.transform == "random_hadamard" and g.block == 32
+                   for g in (dx, dw)) and dx.a == dw.a
+    if not (forward and backward and scheme.bwd_source == "quantized"):
+        return None
+    return bool(dx.a.stochastic)
+
+
+def _fused_schemes() -> dict[str, bool]:
+    from types import SimpleNamespace
+
+    from quartet.quant.schemes import SCHEMES, build_scheme
+
+    found = {name: quartet_backward_sr(build_scheme(SimpleNamespace(name=name))) for name in SCHEMES}
+    return {name: sr for name, sr in found.items() if sr is not None}
+
+
+#: the registered schemes the fused Quartet layer implements (name -> stochastic backward), found by
+#: :func:`quartet_backward_sr`
+FUSED_SCHEMES = _fused_schemes()
 #: how the quant plan names each implementation
 IMPL_FUSED = "fused QuartetLinear (quartet.kernels.linear)"
 IMPL_SEAM = "QuantLinear, operand by operand (quartet.quant.linear)"
@@ -527,39 +556,43 @@ IMPL_FP8_BLOCK = ("FP8BlockQuantLinear, E4M3 1x128/128x128 block-wise on FP8 ten
                   "(quartet.kernels.fp8_block_linear)")
 
 
+def _fp8_layer(scheme):
+    """The FP8 tensor-core layer module whose operand set ``scheme`` is, or None."""
+    for module in (fp8_linear, fp8_block_linear):
+        if module.covers(scheme):
+            return module
+    return None
+
+
 def fused_covers(scheme, backend_name: str) -> bool:
-    """Whether a fused layer implements ``scheme`` (a :class:`~quartet.quant.schemes.Scheme`) on ``backend_name``:
-    the fused Quartet layer (``quartet``/``quartet_sr``, Hadamard block 32, any kernel engine) or the FP8
-    tensor-core layer (``fp8`` with tensor scaling, on ``hopper_fp8``; layer shapes are checked per layer) or the
-    block-wise FP8 layer (``fp8_deepseek`` on ``hopper_fp8``)."""
-    if scheme.name == "fp8":
-        return backend_name == "hopper_fp8" and fp8_linear.covers(scheme)
-    if scheme.name == "fp8_deepseek":
-        return backend_name == "hopper_fp8" and fp8_block_linear.covers(scheme)
-    return (scheme.name in FUSED_SCHEMES and backend_name in ENGINES
-            and all(g.block == 32 for g in (scheme.fwd, scheme.dx, scheme.dw)))
+    """Whether a fused layer implements ``scheme`` (a :class:`~quartet.quant.schemes.Scheme`) on ``backend_name``,
+    each layer judging the scheme's operands (not its name): the FP8 tensor-core layers (E4M3/E5M2 tensor scaling;
+    DeepSeek's 1x128 / 128x128 blocks) on ``hopper_fp8``, the fused Quartet layer (:func:`quartet_backward_sr`) on
+    any MX kernel engine. Layer shapes are checked per layer."""
+    if _fp8_layer(scheme) is not None:
+        return backend_name == "hopper_fp8"
+    return backend_name in ENGINES and quartet_backward_sr(scheme) is not None
 
 
 def fused_implementation(scheme) -> str:
     """The quant plan's name of the fused layer that runs ``scheme``."""
-    return {"fp8": IMPL_FP8, "fp8_deepseek": IMPL_FP8_BLOCK}.get(scheme.name, IMPL_FUSED)
+    module = _fp8_layer(scheme)
+    return {fp8_linear: IMPL_FP8, fp8_block_linear: IMPL_FP8_BLOCK}.get(module, IMPL_FUSED)
 
 
 def fused_quant_linear(weight: torch.nn.Parameter, scheme, backend, **kw) -> QuantLinear | None:
     """The fused layer for ``scheme`` on kernel ``backend`` (QuantLinear keywords) — :class:`FusedQuantLinear`
-    or :class:`~quartet.kernels.fp8_linear.FP8QuantLinear` — or None when no fused layer covers the scheme,
-    backend or this layer's shape. Used by ``quartet.quant.apply_precision``."""
+    or an FP8 tensor-core layer — or None when no fused layer covers the scheme, backend or this layer's shape.
+    Used by ``quartet.quant.apply_precision``."""
     if not fused_covers(scheme, backend.name):
         return None
-    if scheme.name == "fp8":
-        if not fp8_linear.covers_shape(weight.shape[1], weight.shape[0]):
+    module = _fp8_layer(scheme)
+    if module is not None:
+        if not module.covers_shape(weight.shape[1], weight.shape[0]):
             return None
-        return fp8_linear.FP8QuantLinear(weight, scheme, backend, **kw)
-    if scheme.name == "fp8_deepseek":
-        if not fp8_block_linear.covers_shape(weight.shape[1], weight.shape[0]):
-            return None
-        return fp8_block_linear.FP8BlockQuantLinear(weight, scheme, backend, **kw)
-    return FusedQuantLinear(weight, scheme, backend, stochastic=FUSED_SCHEMES[scheme.name], **kw)
+        cls = fp8_linear.FP8QuantLinear if module is fp8_linear else fp8_block_linear.FP8BlockQuantLinear
+        return cls(weight, scheme, backend, **kw)
+    return FusedQuantLinear(weight, scheme, backend, stochastic=quartet_backward_sr(scheme), **kw)
 
 
 def fused_linear(lin: torch.nn.Linear, scheme_name: str, backend_name: str, seed: int = 0):

@@ -150,6 +150,93 @@ def _quartet(name: str, fwd_q: bool, bwd: str | None, block: int, fwd_kind: str 
     return Scheme(name, fl, bl, descs[name], fwd, dx, dw, bwd_source="quantized")
 
 
+@dataclass(frozen=True)
+class _Knobs:
+    """The precision config's knobs a scheme is built from (checked by :func:`build_scheme`)."""
+
+    block: int
+    fp8_scaling: str
+    occ: float
+    dge_k: float
+    dge_cap: float
+
+
+def _fp8(k: _Knobs) -> Scheme:
+    e4 = QuantizerSpec("fp8", fmt="e4m3", scaling=k.fp8_scaling)
+    e5 = QuantizerSpec("fp8", fmt="e5m2", scaling=k.fp8_scaling)
+    return Scheme("fp8", "fp8", "fp8", f"FP8: E4M3 X, W; E5M2 gradients; {k.fp8_scaling}-wise current scaling",
+                  GemmSpec(e4, e4), GemmSpec(e5, e4), GemmSpec(e5, e4), bwd_source="quantized")
+
+
+def _ms_fp4(k: _Knobs) -> Scheme:
+    x_q = QuantizerSpec("ms_fp4", clip_quantile=k.occ if k.occ < 1.0 else 0.0)
+    w_q = QuantizerSpec("ms_fp4", dge_k=k.dge_k, dge_cap=k.dge_cap)
+    g_q = QuantizerSpec("fp8", fmt="e5m2", scaling="tensor")
+    return Scheme("ms_fp4", "ms_fp4", "ms_fp4",
+                  f"MS-FP4 (Wang et al.): per-token/per-channel absmax E2M1 forward with OCC q={k.occ:g} and "
+                  f"DGE k={k.dge_k:g} cap={k.dge_cap:g}; backward GEMMs E5M2 gradients × FP4-valued W, X",
+                  GemmSpec(x_q, w_q), GemmSpec(g_q, None), GemmSpec(g_q, None), bwd_source="quantized")
+
+
+def _luq_int4(k: _Knobs) -> Scheme:
+    i4 = QuantizerSpec("int4", scaling="row")
+    lq = QuantizerSpec("luq", stochastic=True)
+    return Scheme("luq_int4", "luq-int4", "luq-int4",
+                  "LUQ-INT4 baseline: per-row absmax INT4 forward; gradients LUQ log-FP4 (stochastic "
+                  "underflow + log SR) against the INT4 X̂, Ŵ",
+                  GemmSpec(i4, i4), GemmSpec(lq, None), GemmSpec(lq, None), bwd_source="quantized")
+
+
+def _nvfp4(k: _Knobs) -> Scheme:
+    rtn = QuantizerSpec("nvfp4", group=16)
+    sr = QuantizerSpec("nvfp4", group=16, stochastic=True)
+    return Scheme("nvfp4", "nvfp4", "nvfp4",
+                  "NVFP4: 16-groups with E4M3 block scale + FP32 tensor scale; RTN X, W; SR gradients; "
+                  "random Hadamard (16) on the weight-gradient GEMM; backward requantizes X, W",
+                  GemmSpec(rtn, rtn), GemmSpec(sr, rtn), GemmSpec(sr, rtn, "random_hadamard", 16),
+                  bwd_source="input")
+
+
+def _quartet2(k: _Knobs) -> Scheme:
+    fwd = QuantizerSpec("nvfp4_4o6", group=16)
+    bwd = QuantizerSpec("ms_eden", group=16)
+    return Scheme("quartet2", "nvfp4_4o6", "ms_eden",
+                  f"Quartet II (Panferov et al. 2026): NVFP4 forward with Four Over Six block scales (RTN); "
+                  f"backward GEMMs MS-EDEN NVFP4 (RTN elements, EDEN-corrected E4M3 scales rounded "
+                  f"stochastically) after a random-sign {k.block}-Hadamard, requantizing the forward X̂, Ŵ",
+                  GemmSpec(fwd, fwd), GemmSpec(bwd, bwd, "random_hadamard", k.block),
+                  GemmSpec(bwd, bwd, "random_hadamard", k.block), bwd_source="quantized")
+
+
+def _mxfp8(k: _Knobs) -> Scheme:
+    q = QuantizerSpec("mxfp8", group=32)
+    return Scheme("mxfp8", "mxfp8", "mxfp8",
+                  "MXFP8 (OCP MX): E4M3 elements with one E8M0 scale per 32 along every GEMM's reduction axis, "
+                  "RTN, all six operands; the backward requantizes X, W from high precision along their new axis",
+                  GemmSpec(q, q), GemmSpec(q, q), GemmSpec(q, q), bwd_source="input")
+
+
+#: The registry of precision schemes: name -> builder (each name has its YAML in conf/precision/).
+_BUILDERS = {
+    "bf16": lambda k: Scheme("bf16", "bf16", "bf16", "unquantized: nothing converted", convert=False),
+    "fp8": _fp8,
+    "quartet": lambda k: _quartet("quartet", True, "rtn", k.block),
+    "quartet_sr": lambda k: _quartet("quartet_sr", True, "sr", k.block),
+    "quest_fwd": lambda k: _quartet("quest_fwd", True, None, k.block),
+    "sr_bwd": lambda k: _quartet("sr_bwd", False, "sr", k.block),
+    "rtn_bwd": lambda k: _quartet("rtn_bwd", False, "rtn", k.block),
+    "sr_fwd": lambda k: _quartet("sr_fwd", True, None, k.block, fwd_kind="absmax", fwd_stochastic=True),
+    "rtn_fwd": lambda k: _quartet("rtn_fwd", True, None, k.block, fwd_kind="absmax"),
+    "ms_fp4": _ms_fp4,
+    "luq_int4": _luq_int4,
+    "nvfp4": _nvfp4,
+    "quartet2": _quartet2,
+    "mxfp8": _mxfp8,
+    "nvfp4_recipe": lambda k: _nvfp4_recipe(),
+    "fp8_deepseek": lambda k: _fp8_deepseek(),
+}
+
+
 def build_scheme(cfg) -> Scheme:
     """Build the scheme named ``cfg.name`` with the knobs of a :class:`PrecisionConfig`-like object."""
     name = str(cfg.name)
@@ -162,72 +249,10 @@ def build_scheme(cfg) -> Scheme:
     occ = float(getattr(cfg, "occ_quantile", 0.99))
     if not 0.5 < occ <= 1.0:
         raise ConfigError(f"precision.occ_quantile={occ}: must be in (0.5, 1]")
-    dge_k = float(getattr(cfg, "dge_k", 5.0))
-    dge_cap = float(getattr(cfg, "dge_cap", 3.0))
-    if name == "bf16":
-        return Scheme("bf16", "bf16", "bf16", "unquantized: nothing converted", convert=False)
-    if name == "quartet":
-        return _quartet(name, True, "rtn", block)
-    if name == "quartet_sr":
-        return _quartet(name, True, "sr", block)
-    if name == "quest_fwd":
-        return _quartet(name, True, None, block)
-    if name == "sr_bwd":
-        return _quartet(name, False, "sr", block)
-    if name == "rtn_bwd":
-        return _quartet(name, False, "rtn", block)
-    if name == "sr_fwd":
-        return _quartet(name, True, None, block, fwd_kind="absmax", fwd_stochastic=True)
-    if name == "rtn_fwd":
-        return _quartet(name, True, None, block, fwd_kind="absmax")
-    if name == "fp8":
-        e4 = QuantizerSpec("fp8", fmt="e4m3", scaling=fp8_scaling)
-        e5 = QuantizerSpec("fp8", fmt="e5m2", scaling=fp8_scaling)
-        return Scheme("fp8", "fp8", "fp8", f"FP8: E4M3 X, W; E5M2 gradients; {fp8_scaling}-wise current scaling",
-                      GemmSpec(e4, e4), GemmSpec(e5, e4), GemmSpec(e5, e4), bwd_source="quantized")
-    if name == "ms_fp4":
-        x_q = QuantizerSpec("ms_fp4", clip_quantile=occ if occ < 1.0 else 0.0)
-        w_q = QuantizerSpec("ms_fp4", dge_k=dge_k, dge_cap=dge_cap)
-        g_q = QuantizerSpec("fp8", fmt="e5m2", scaling="tensor")
-        return Scheme("ms_fp4", "ms_fp4", "ms_fp4",
-                      f"MS-FP4 (Wang et al.): per-token/per-channel absmax E2M1 forward with OCC q={occ:g} and "
-                      f"DGE k={dge_k:g} cap={dge_cap:g}; backward GEMMs E5M2 gradients × FP4-valued W, X",
-                      GemmSpec(x_q, w_q), GemmSpec(g_q, None), GemmSpec(g_q, None), bwd_source="quantized")
-    if name == "luq_int4":
-        i4 = QuantizerSpec("int4", scaling="row")
-        lq = QuantizerSpec("luq", stochastic=True)
-        return Scheme("luq_int4", "luq-int4", "luq-int4",
-                      "LUQ-INT4 baseline: per-row absmax INT4 forward; gradients LUQ log-FP4 (stochastic "
-                      "underflow + log SR) against the INT4 X̂, Ŵ",
-                      GemmSpec(i4, i4), GemmSpec(lq, None), GemmSpec(lq, None), bwd_source="quantized")
-    if name == "nvfp4":
-        rtn = QuantizerSpec("nvfp4", group=16)
-        sr = QuantizerSpec("nvfp4", group=16, stochastic=True)
-        return Scheme("nvfp4", "nvfp4", "nvfp4",
-                      "NVFP4: 16-groups with E4M3 block scale + FP32 tensor scale; RTN X, W; SR gradients; "
-                      "random Hadamard (16) on the weight-gradient GEMM; backward requantizes X, W",
-                      GemmSpec(rtn, rtn), GemmSpec(sr, rtn), GemmSpec(sr, rtn, "random_hadamard", 16),
-                      bwd_source="input")
-    if name == "quartet2":
-        fwd = QuantizerSpec("nvfp4_4o6", group=16)
-        bwd = QuantizerSpec("ms_eden", group=16)
-        return Scheme("quartet2", "nvfp4_4o6", "ms_eden",
-                      f"Quartet II (Panferov et al. 2026): NVFP4 forward with Four Over Six block scales (RTN); "
-                      f"backward GEMMs MS-EDEN NVFP4 (RTN elements, EDEN-corrected E4M3 scales rounded "
-                      f"stochastically) after a random-sign {block}-Hadamard, requantizing the forward X̂, Ŵ",
-                      GemmSpec(fwd, fwd), GemmSpec(bwd, bwd, "random_hadamard", block),
-                      GemmSpec(bwd, bwd, "random_hadamard", block), bwd_source="quantized")
-    if name == "mxfp8":
-        q = QuantizerSpec("mxfp8", group=32)
-        return Scheme("mxfp8", "mxfp8", "mxfp8",
-                      "MXFP8 (OCP MX): E4M3 elements with one E8M0 scale per 32 along every GEMM's reduction axis, "
-                      "RTN, all six operands; the backward requantizes X, W from high precision along their new axis",
-                      GemmSpec(q, q), GemmSpec(q, q), GemmSpec(q, q), bwd_source="input")
-    if name == "nvfp4_recipe":
-        return _nvfp4_recipe()
-    if name == "fp8_deepseek":
-        return _fp8_deepseek()
-    raise ConfigError(f"precision.name={name!r}: unknown scheme; allowed: {', '.join(scheme_names())}")
+    if name not in _BUILDERS:
+        raise ConfigError(f"precision.name={name!r}: unknown scheme; allowed: {', '.join(scheme_names())}")
+    knobs = _Knobs(block, fp8_scaling, occ, float(getattr(cfg, "dge_k", 5.0)), float(getattr(cfg, "dge_cap", 3.0)))
+    return _BUILDERS[name](knobs)
 
 
 def _nvfp4_recipe() -> Scheme:
@@ -264,9 +289,8 @@ def _fp8_deepseek() -> Scheme:
                   GemmSpec(act, weight), GemmSpec(act, None), GemmSpec(act, act), bwd_source="quantized")
 
 
-#: Registry of scheme names (each has a YAML in conf/precision/).
-SCHEMES = ("bf16", "fp8", "quartet", "quartet_sr", "quest_fwd", "sr_bwd", "rtn_bwd", "sr_fwd", "rtn_fwd",
-           "ms_fp4", "luq_int4", "nvfp4", "quartet2", "mxfp8", "nvfp4_recipe", "fp8_deepseek")
+#: Registered scheme names (the keys of the builders' registry; each has a YAML in conf/precision/).
+SCHEMES = tuple(_BUILDERS)
 
 
 #: The training recipes of the recipe table (docs/recipes.md, sweeps/recipes.yaml): every scheme a team would train
