@@ -243,10 +243,11 @@ def main(argv: list[str] | None = None) -> int:
         extra, mb, n = plan_memory(m, configs, args.data, list(args.override), args.device, args.micro_batch,
                                    args.concurrent, gpu)
         memory[m] = {"micro_batch_size": mb, "configurations_at_once": n}
-        # configurations that cannot be alive together get a process each, in waves that fit
-        split = max(1, min(args.split, len(configs))) if n >= len(configs) else len(configs)
-        chunks = [",".join(configs[i::split]) for i in range(split)]
-        waves = [chunks[i:i + (split if n >= len(configs) else n)] for i in range(0, split, split if n >= len(configs) else n)]
+        if n >= len(configs):  # all alive together: one wave of --split processes
+            split = max(1, min(args.split, len(configs)))
+            waves = [[",".join(configs[i::split]) for i in range(split)]]
+        else:  # a process per configuration, n of them at a time
+            waves = [configs[i:i + n] for i in range(0, len(configs), n)]
         print(f"{m}: micro-batch {mb}, {n} configuration(s) at once, {len(waves)} wave(s)", flush=True)
         for wave in waves:
             barrier = tempfile.mkdtemp(prefix="ladder_speed_barrier_")

@@ -52,10 +52,10 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
-    from quartet.kernels.triton_quant import _max_keep_nan, _rtn_e2m1, _to_bf16, _to_fp8_nan
+    from quartet.kernels.triton_quant import _max_keep_nan, _pm1_dot_fp32, _rtn_e2m1, _to_bf16, _to_fp8_nan
 
-__all__ = ["RecipeOperand", "kernel_kind", "supports", "recipe_quantize", "row_quantize", "occ_thresholds",
-           "ROW_KINDS", "hadamard_pm1"]
+__all__ = ["RecipeOperand", "kernel_kind", "supports", "draws_random", "recipe_quantize", "row_quantize",
+           "occ_thresholds", "hadamard_pm1"]
 
 #: kernel kinds (constexpr codes)
 K_MXFP8, K_NVFP4, K_4O6, K_EDEN, K_FP8_BLOCK, K_FP8_TENSOR, K_LUQ = range(7)
@@ -65,8 +65,6 @@ R_INT4, R_MSFP4 = 0, 1
 AMAX_NONE, AMAX_FINITE, AMAX_ALL = 0, 1, 2
 PASS_AMAX, PASS_QUANT = 0, 1
 
-_FLT_TINY = 2.0 ** -149
-_FLT_MAX = 3.4028234663852886e38
 
 
 @dataclass(frozen=True)
@@ -80,7 +78,7 @@ class _Kind:
 
 
 def kernel_kind(spec: QuantizerSpec) -> _Kind | None:
-    """The tile kernel's kind of ``spec``, or None where the tile kernel does not run it (see :data:`ROW_KINDS`)."""
+    """The tile kernel's kind of ``spec``, or None where the tile kernel does not run it (the row kinds: :func:`row_quantize`)."""
     k = spec.kind
     if k == "mxfp8" and spec.group == 32 and spec.tile_rows == 1:
         return _Kind(K_MXFP8, 32, 1, AMAX_NONE)
@@ -105,10 +103,6 @@ def _row_kind(spec: QuantizerSpec) -> int | None:
     if spec.kind == "ms_fp4":
         return R_MSFP4
     return None
-
-
-#: quantizer kinds the row kernel runs (one scale per row of the operand as its GEMM reads it)
-ROW_KINDS = ("int4 (row, RTN)", "ms_fp4")
 
 
 def supports(spec: QuantizerSpec) -> bool:
@@ -266,15 +260,8 @@ if HAS_TRITON:
                 yu = tl.dot(xu.to(tl.float64), h.to(tl.float64)).to(tl.float32)
             elif DOT_MODE == 1:  # BF16-valued input: ±1 products exact, float32 accumulation on the tensor cores
                 yu = tl.dot(xu.to(tl.bfloat16), h.to(tl.bfloat16), out_dtype=tl.float32)
-            else:  # float32 input: three BF16 slices hold all its 24 bits
-                hb = h.to(tl.bfloat16)
-                b1 = xu.to(tl.bfloat16)
-                r1 = xu - b1.to(tl.float32)
-                b2 = r1.to(tl.bfloat16)
-                b3 = (r1 - b2.to(tl.float32)).to(tl.bfloat16)
-                yu = tl.dot(b1, hb, out_dtype=tl.float32)
-                yu += tl.dot(b2, hb, out_dtype=tl.float32)
-                yu += tl.dot(b3, hb, out_dtype=tl.float32)
+            else:  # float32 input
+                yu = _pm1_dot_fp32(xu, h)
             x = tl.reshape(yu * INV_SQRT, (BR, BK))
         return x, rows, cols, inb
 

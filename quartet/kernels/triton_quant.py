@@ -81,6 +81,20 @@ if HAS_TRITON:
         return tl.where(e > -127, (e + 127) << 23, 0x400000).to(tl.float32, bitcast=True)
 
     @triton.jit
+    def _pm1_dot_fp32(x, h):
+        """``x @ h`` for a float32 ``x`` and a ±1 matrix ``h`` on BF16 tensor cores: three BF16 slices hold all 24 bits
+        of x and each ±1 product is exact, float32 accumulation."""
+        hb = h.to(tl.bfloat16)
+        b1 = x.to(tl.bfloat16)
+        r1 = x - b1.to(tl.float32)
+        b2 = r1.to(tl.bfloat16)
+        b3 = (r1 - b2.to(tl.float32)).to(tl.bfloat16)
+        y = tl.dot(b1, hb, out_dtype=tl.float32)
+        y += tl.dot(b2, hb, out_dtype=tl.float32)
+        y += tl.dot(b3, hb, out_dtype=tl.float32)
+        return y
+
+    @triton.jit
     def _max_keep_nan(a, b):
         """max(a, b), NaN if either is NaN (a reduction's combine function)."""
         return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
@@ -296,16 +310,7 @@ if HAS_TRITON:
                 if DOT_BF16 == 1:
                     y = tl.dot(xg.to(tl.bfloat16), h.to(tl.bfloat16), out_dtype=tl.float32)
                 elif DOT_BF16 == 2:
-                    # float32 input on the GPU: three bf16 slices hold all 24 bits; each ±1 dot is exact
-                    hb = h.to(tl.bfloat16)
-                    x32 = xg.to(tl.float32)
-                    b1 = x32.to(tl.bfloat16)
-                    r1 = x32 - b1.to(tl.float32)
-                    b2 = r1.to(tl.bfloat16)
-                    b3 = (r1 - b2.to(tl.float32)).to(tl.bfloat16)
-                    y = tl.dot(b1, hb, out_dtype=tl.float32)
-                    y += tl.dot(b2, hb, out_dtype=tl.float32)
-                    y += tl.dot(b3, hb, out_dtype=tl.float32)
+                    y = _pm1_dot_fp32(xg.to(tl.float32), h)
                 else:
                     y = tl.dot(xg.to(tl.float32), h.to(tl.float32), input_precision="ieee")
                 y = y * 0.17677669529663687

@@ -108,6 +108,23 @@ def _edge_tensors(shape: tuple[int, int], seed: int = 0) -> dict[str, torch.Tens
 
 
 @pytest.fixture
+def resolve_backends_to(monkeypatch):
+    """``resolve_backends_to(name)``: make ``quartet.quant.apply_precision`` resolve every backend request but
+    ``reference`` to the kernel backend ``name`` (bypasses its CUDA-only device check, so it runs in the CPU
+    interpreter); returns that backend."""
+    import quartet.quant as Q
+    from quartet.kernels.backends import make_backend
+
+    def resolve(name: str):
+        be, real = make_backend(name), Q.get_backend
+        monkeypatch.setattr(Q, "get_backend",
+                            lambda n, device, specs: real(n, device, specs) if n == "reference" else be)
+        return be
+
+    return resolve
+
+
+@pytest.fixture
 def edge_tensors():
     """:func:`_edge_tensors` (shape, seed) -> dict of named edge-case matrices."""
     return _edge_tensors

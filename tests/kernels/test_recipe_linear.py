@@ -126,12 +126,9 @@ def _model(seed=0):
 
 
 @pytest.fixture
-def fused_backend(monkeypatch):
+def fused_backend(resolve_backends_to):
     """Resolve every backend request to the kernel ``fused`` backend (bypasses the CUDA-only device check)."""
-    be, real = make_backend("fused"), Q.get_backend
-    monkeypatch.setattr(Q, "get_backend", lambda name, device, specs: real(name, device, specs)
-                        if name == "reference" else be)
-    return be
+    return resolve_backends_to("fused")
 
 
 def _loss_and_grads(model, tokens, params=None):

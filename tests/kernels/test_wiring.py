@@ -17,7 +17,6 @@ pytest.importorskip("triton")
 import quartet.quant as Q  # noqa: E402
 from quartet.quant.config import PrecisionConfig  # noqa: E402
 from quartet.kernels import linear as L  # noqa: E402
-from quartet.kernels.backends import make_backend  # noqa: E402
 from quartet.model import Llama  # noqa: E402
 from quartet.quant.linear import OPERANDS, QuantLinear  # noqa: E402
 
@@ -25,12 +24,9 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @pytest.fixture
-def triton_backend(monkeypatch):
+def triton_backend(resolve_backends_to):
     """Resolve every backend request to the kernel ``triton`` backend (bypasses the CUDA-only device check)."""
-    be, real = make_backend("triton"), Q.get_backend
-    monkeypatch.setattr(Q, "get_backend", lambda name, device, specs: real(name, device, specs)
-                        if name == "reference" else be)
-    return be
+    return resolve_backends_to("triton")
 
 
 def _model(seed=0, n_layer=2):
