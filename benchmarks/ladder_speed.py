@@ -38,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -143,6 +144,7 @@ def child(args) -> int:
             if cuda:
                 torch.cuda.empty_cache()  # the next configuration compiles against a clean cache
         except Exception as exc:  # noqa: BLE001 - one failing configuration must not hide the others
+            traceback.print_exc()  # the row keeps one line; the log keeps where it came from
             row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
         results.append(row)
     Path(args.barrier, f"ready.{Path(args.part).stem}").touch()
@@ -174,6 +176,7 @@ def child(args) -> int:
                                tokens_per_s=round(row["tokens_per_step"] / med),
                                peak_mem_gib=round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None)
                 except Exception as exc:  # noqa: BLE001
+                    traceback.print_exc()
                     row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
                 print(json.dumps(row), flush=True)
         finally:

@@ -121,8 +121,12 @@ if [ "$mode" = sweep ]; then
 fi
 if [ "$mode" = speed ]; then
   # One background job (setsid: it outlives this call; a second call on the same machine waits for it), its stages
-  # (SPEED_STAGES, default tests,kernels,speed7m,speed200m) in order, everything into $LOGS/speed:
-  #   tests      GPU_TESTS groups (';'-separated) side by side while the corpus builds
+  # (SPEED_STAGES, default tests,check,kernels,speed7m,speed200m) in order, everything into $LOGS/speed:
+  #   tests      GPU_TESTS groups (';'-separated) side by side while the corpus builds; with SPEED_GATE=1 a failed
+  #              test stops the job there (the speeds of a wrong layer are not worth timing)
+  #   check      sweeps/recipes_check.yaml (the fused paths re-trained at the recipe table's 7.1M D/N 5 cell, three
+  #              seeds; CHECK_WORKERS runs at once) beside the tests, once the corpus is ready; the speed stages
+  #              wait for it so that they time alone
   #   kernels    benchmarks/recipe_kernels.py at llama_200m: quantizer calls vs the copy floor, layers vs BF16
   #   speed200m  benchmarks/ladder_speed.py at llama_200m: every recipe, CUDA graphs, micro-batch 64, all at once
   #   speed7m    the same at llama_7m (+ SPEED_BASELINES, "" for none: the compiled path of two recipes, the "before")
@@ -137,7 +141,8 @@ if [ "$mode" = speed ]; then
     export D PY recipes GPU_TESTS="${GPU_TESTS:-tests/kernels/test_recipe_quant.py tests/kernels/test_recipe_linear.py \
 tests/kernels/test_fp8_block_linear.py tests/kernels/test_wiring.py;tests/quant/test_gpu_recipes.py -k 'block_linear or \
 trains';tests/kernels/test_fp8_linear.py tests/kernels/test_kernel_quantizers.py tests/quant/test_gpu.py}"
-    export SPEED_STAGES=${SPEED_STAGES:-tests,kernels,speed7m,speed200m}
+    export SPEED_STAGES=${SPEED_STAGES:-tests,check,kernels,speed7m,speed200m} SPEED_GATE=${SPEED_GATE:-0}
+    export CHECK_WORKERS=${CHECK_WORKERS:-7}
     export SPEED_BASELINES=${SPEED_BASELINES-nvfp4@compiled:graphs,mxfp8@compiled:graphs}
     stamp "speed job: $SPEED_STAGES"
     cat > "$D/job.sh" <<'JOB'
@@ -146,6 +151,17 @@ st() { echo "== $(date -u +%H:%M:%S) $*" >> "$D/job.log"; }
 has() { case ",$SPEED_STAGES," in *",$1,"*) return 0;; esac; return 1; }
 ( "$PY" -m quartet.cli data prepare data=pycode > "$D/data_prepare.log" 2>&1; echo "exit $?" >> "$D/data_prepare.log" ) &
 data_pid=$!
+if has check; then
+  # the check's runs need the corpus: wait for its "exit" line (the data job is not this subshell's child)
+  ( until grep -q '^exit' "$D/data_prepare.log" 2>/dev/null; do sleep 5; done
+    echo "== $(date -u +%H:%M:%S) check: quartet sweep recipes_check" >> "$D/job.log"
+    "$PY" -m quartet.cli sweep recipes_check --cluster local_gpu --runs-dir "$D/runs" \
+      cluster.workers_per_gpu="$CHECK_WORKERS" > "$D/check.log" 2>&1
+    echo "exit $?" >> "$D/check.log"
+    "$PY" -m quartet.cli status recipes_check --runs-dir "$D/runs" > "$D/check_status.txt" 2>&1
+    echo "== $(date -u +%H:%M:%S) check $(tail -1 "$D/check.log")" >> "$D/job.log" ) &
+  check_pid=$!
+fi
 if has tests; then
   i=0; IFS=";" read -ra groups <<< "$GPU_TESTS"; pids=""
   for g in "${groups[@]}"; do
@@ -156,14 +172,18 @@ if has tests; then
     pids="$pids $!"
   done
   wait $pids; st "tests done"
+  if [ "$SPEED_GATE" = 1 ] && grep -qhE "^(FAILED|ERROR)" "$D"/gpu_tests.*.txt; then
+    st "a GPU test failed: the job stops here (SPEED_GATE=1)"; touch "$D/job.done"; exit 0
+  fi
 fi
+if has check; then wait $check_pid; fi
 if has kernels; then
   st "kernels"; "$PY" benchmarks/recipe_kernels.py --out "$D/kernels_200m.json" > "$D/kernels.log" 2>&1; st "kernels exit $?"
 fi
 wait $data_pid; st "corpus: $(tail -1 "$D/data_prepare.log")"
 if has speed200m; then
   st "speed 200m"
-  "$PY" benchmarks/ladder_speed.py --models llama_200m --configs "$recipes" --split 6 --micro-batch 64 --concurrent 11 \
+  "$PY" benchmarks/ladder_speed.py --models llama_200m --configs "$recipes" --split 6 --micro-batch 64 --concurrent "${SPEED_CONCURRENT:-auto}" \
     --out "$D/speed_200m.json" > "$D/speed200m.log" 2>&1
   st "speed 200m exit $?"
 fi
@@ -189,7 +209,8 @@ JOB
   for f in "$D"/gpu_tests.*.txt; do [ -f "$f" ] && stamp "$(head -1 "$f" | cut -c3-100): $(grep -E ' in [0-9.]+s' "$f" | tail -1 | cut -c1-120) $(tail -1 "$f")"; done
   grep -hE "^(FAILED|ERROR)" "$D"/gpu_tests.*.txt 2>/dev/null | cut -c1-300 | head -40
   for f in "$D"/speed7m.log "$D"/speed200m.log; do [ -f "$f" ] && grep -v "^{" "$f" | tail -16; done
-  (cd "$D" && tar czf "$OUT/speed.tar.gz" --exclude=job.pid .)
+  [ -f "$D/check.log" ] && { grep -v "━" "$D/check.log" | tail -4; tail -3 "$D/check_status.txt" 2>/dev/null; }
+  (cd "$D" && tar czf "$OUT/speed.tar.gz" --exclude=job.pid --exclude=ckpt --exclude=wandb --exclude='*.pt' .)
   cp "$D/job.log" "$OUT/speed.log" 2>/dev/null
   exit 0
 fi
