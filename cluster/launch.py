@@ -470,16 +470,17 @@ def cli_main(argv: list[str] | None = None) -> int:
         print(f"quartet sweep: error: {exc}", file=sys.stderr)
         return 2
     _say_busy(plan, console)
-    if args.dry_run:
-        console.print("dry run: nothing written, nothing submitted")
-        return 0
     from quartet.paths import not_writable
 
+    # before the dry run's exit: a dry run says what the launch would say (and exits as it would)
     why = not_writable(plan.runs_root)
     if why:
         print(f"quartet sweep: error: runs folder {plan.runs_root}: {why}; nothing was submitted (choose another with "
               f"--runs-dir or QUARTET_RUNS)", file=sys.stderr)
         return 2
+    if args.dry_run:
+        console.print("dry run: nothing written, nothing submitted")
+        return 0
     todo = plan.pending()
     if todo and plan.profile.kind == "slurm":
         from cluster import slurm
