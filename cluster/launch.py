@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import signal
 import sys
@@ -36,7 +37,7 @@ from pathlib import Path
 from cluster import runstate
 from cluster.plan import Plan, PlannedRun, build_plan, render_plan, write_run_config
 from cluster.profiles import ClusterProfile, load_profile, local_gpus, local_pool_size
-from cluster.spec import load_sweep
+from cluster.spec import load_sweep, sweep_file
 from quartet.errors import QuartetError
 
 
@@ -62,14 +63,53 @@ def default_runs_root() -> Path:
     return runs_root()
 
 
+#: in a sweep's group folder: the sweep file whose runs it holds (see :func:`check_group_owner`)
+SWEEP_RECORD = ".sweep.json"
+
+
+def sweep_origin(name_or_path: str) -> str:
+    """Which sweep file ``name_or_path`` is, as recorded in its group folder: ``sweeps/<file>`` for a shipped sweep
+    (the same wherever the checkout is), else the file's absolute path."""
+    from quartet.paths import SWEEPS_DIR
+
+    path = sweep_file(name_or_path).resolve()
+    try:
+        return f"sweeps/{path.relative_to(Path(SWEEPS_DIR).resolve())}"
+    except ValueError:
+        return str(path)
+
+
+def check_group_owner(group_dir: Path, name: str, origin: str) -> None:
+    """QuartetError (one line) when sweep ``name``'s group folder holds the runs of another sweep file of that name:
+    launching would merge this sweep's runs into that folder (and status and fits of it would mix two grids)."""
+    other = (runstate.read_json(group_dir / SWEEP_RECORD) or {}).get("sweep_file")
+    if other and other != origin:
+        raise QuartetError(f"sweep {name}: {group_dir} holds the runs of sweep file {other}, not of {origin}; give "
+                           f"this sweep its own name (name: in the file, or sweep.name=NEW) or another --runs-dir; if "
+                           f"it is that file moved, delete {group_dir / SWEEP_RECORD}")
+
+
+def record_group_owner(plan: Plan, origin: str) -> None:
+    """Write :data:`SWEEP_RECORD` into the group folder (launches only; the first launch of a folder names it)."""
+    path = plan.group_dir / SWEEP_RECORD
+    if (runstate.read_json(path) or {}).get("sweep_file") != origin:
+        runstate.atomic_write_text(path, json.dumps({"sweep": plan.spec.name, "sweep_file": origin}) + "\n")
+
+
 def make_plan(name: str, cluster: str | None, overrides: list[str], runs_dir: str | None = None,
-              with_state: bool = True) -> Plan:
-    """Load sweep + profile and build the validated plan (no side effects)."""
+              with_state: bool = True, reconcile: bool = True) -> Plan:
+    """Load sweep + profile and build the validated plan; QuartetError when its group folder belongs to another
+    sweep file (:func:`check_group_owner`). Writes nothing, except that with ``reconcile`` runs found dead are
+    recorded so (``runstate.inspect``)."""
     sweep_ov, cluster_ov, run_ov = split_overrides(overrides)
     spec = load_sweep(name, sweep_ov)
     profile = load_profile(cluster or spec.cluster, cluster_ov)
     root = Path(runs_dir) if runs_dir else default_runs_root()
-    return build_plan(spec, profile, root, run_ov, with_state=with_state, progress=True)
+    origin = sweep_origin(name)
+    check_group_owner(root.resolve() / spec.name, spec.name, origin)  # before the planning work
+    plan = build_plan(spec, profile, root, run_ov, with_state=with_state, progress=True, reconcile=reconcile)
+    plan.sweep_file = origin
+    return plan
 
 
 def check_corrupt(plan: Plan) -> None:
@@ -88,6 +128,8 @@ def claim_and_prepare(plan: Plan, runs: list[PlannedRun]) -> tuple[list[PlannedR
 
     queue = slurm.queue() if slurm.available() else None
     claimed, taken = [], []
+    if plan.sweep_file:
+        record_group_owner(plan, plan.sweep_file)
     for r in runs:
         if runstate.try_claim(r.run_dir, {"scheduler": plan.profile.kind, "sweep": plan.spec.name}, queue):
             write_run_config(r, plan.profile)
@@ -451,7 +493,8 @@ def cli_main(argv: list[str] | None = None) -> int:
     # wide enough for run ids when the output is a file or a pipe (rich defaults to 80 columns there)
     console = Console(width=None if sys.stdout.isatty() else 200)
     try:
-        plan = make_plan(args.name, args.cluster, args.overrides, args.runs_dir)
+        # a dry run writes nothing: a run found dead is shown so, and recorded by the launch that resumes it
+        plan = make_plan(args.name, args.cluster, args.overrides, args.runs_dir, reconcile=not args.dry_run)
     except QuartetError as exc:
         print(f"quartet sweep: error: {exc}", file=sys.stderr)
         return 2
@@ -463,7 +506,7 @@ def cli_main(argv: list[str] | None = None) -> int:
     if plan.duplicates:
         more = f" (and {len(plan.duplicates) - 1} more)" if len(plan.duplicates) > 1 else ""
         console.print(f"note: {len(plan.duplicates)} duplicate grid point(s) dropped, each the same run as an earlier "
-                      f"one: {plan.duplicates[0]}{more}")
+                      f"one: {plan.duplicates[0]}{more}", markup=False)  # its [labels] are not rich markup
     try:
         check_corrupt(plan)
     except QuartetError as exc:

@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from cluster import runstate, slurm
 from cluster.branches import branch_mode, expand_branches
 from cluster.profiles import ClusterProfile, Resources, describe_local, gpu_hours, resources_for, rule_for
-from cluster.spec import RunPoint, SweepSpec, expand
+from cluster.spec import RunPoint, SweepSpec, expand_named
 from quartet.errors import ConfigError, QuartetError
 from quartet.memory import GB, MemoryEstimate, choose_parallel
 
@@ -85,8 +85,10 @@ class Plan:
     profile: ClusterProfile
     runs_root: Path
     runs: list[PlannedRun] = field(default_factory=list)
-    #: grid points dropped because an earlier point has the same run id (one line each)
+    #: grid points dropped because an earlier point is the same run (one line each)
     duplicates: list[str] = field(default_factory=list)
+    #: the sweep file, as recorded in the group folder by a launch (``cluster.launch.sweep_origin``); None: not known
+    sweep_file: str | None = None
 
     @property
     def group_dir(self) -> Path:
@@ -142,10 +144,11 @@ def compose_run(point: RunPoint, spec: SweepSpec, runs_root: Path, extra: list[s
 
 
 def build_plan(spec: SweepSpec, profile: ClusterProfile, runs_root: Path, extra: list[str] | None = None,
-               with_state: bool = True, progress: bool = False) -> Plan:
+               with_state: bool = True, progress: bool = False, reconcile: bool = True) -> Plan:
     """Compose, resolve and identify every run of ``spec``; attach resources, estimates, state.
 
-    Raises ConfigError (one line) naming the first bad run and its key, plus how many are bad.
+    Raises ConfigError (one line) naming the first bad run and its key, plus how many are bad. Writes nothing,
+    except that with ``reconcile`` runs that ``runstate.inspect`` finds dead are recorded so in their state.json.
     """
     from quartet.config import resolve
     from quartet.runs import run_dir as run_dir_of
@@ -154,7 +157,7 @@ def build_plan(spec: SweepSpec, profile: ClusterProfile, runs_root: Path, extra:
     extra = list(extra or [])
     plan = Plan(spec=spec, profile=profile, runs_root=runs_root)
     errors: list[str] = []
-    points = expand(spec)
+    points, plan.duplicates = expand_named(spec)
     iterator: Any = _progress(points, f"planning sweep {spec.name}") if progress and len(points) > 20 else points
     composed = []
     for point in iterator:
@@ -200,7 +203,7 @@ def build_plan(spec: SweepSpec, profile: ClusterProfile, runs_root: Path, extra:
     if with_state:
         queue = slurm.queue() if slurm.available() else None
         for r in plan.runs:
-            r.view = runstate.inspect(r.run_dir, queue) if r.run_dir.exists() else None
+            r.view = runstate.inspect(r.run_dir, queue, reconcile_dead=reconcile) if r.run_dir.exists() else None
     return plan
 
 

@@ -105,7 +105,7 @@ def test_plan_ids_stable_and_dirs(tmp_path):
 
 
 def test_precision_variants_share_seeds(tmp_path):
-    body = TINY.replace("precision: [bf16]", "precision: [bf16, bf16]")  # ids dedupe; use seed check below
+    body = TINY.replace("precision: [bf16]", "precision: [bf16, fp8]")
     spec = load_sweep(str(write_sweep(tmp_path, "p", body)))
     plan = build_plan(spec, load_profile("local"), tmp_path / "runs")
     by_budget = {}

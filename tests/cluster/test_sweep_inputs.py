@@ -42,3 +42,77 @@ def test_status_refuses_a_path_for_a_sweep_name(tmp_path, capsys):
     assert status_main([str(runs / "s")]) == 2
     assert f"quartet status s --runs-dir {runs}" in capsys.readouterr().err
     assert status_main(["s", "--runs-dir", str(runs)]) == 0
+
+
+def test_an_axis_listing_a_value_twice_is_refused_in_one_line(tmp_path, tiny_sweep, capsys):
+    path = Path(tiny_sweep("twice"))
+    path.write_text(path.read_text().replace("precision: [bf16, fp8]", "precision: [bf16, bf16]"))
+    assert sweep_main([str(path), "--runs-dir", str(tmp_path / "runs"), "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "axes.precision lists bf16 twice" in err, err
+
+
+def test_an_include_equal_to_a_grid_point_is_named_in_one_note(tmp_path, tiny_sweep, capsys):
+    path = Path(tiny_sweep("inc"))
+    path.write_text(path.read_text() + "include:\n  - {budget.tokens: 4096, precision: fp8}\n")
+    assert sweep_main([str(path), "--runs-dir", str(tmp_path / "runs"), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    notes = [line for line in out.splitlines() if "duplicate" in line]
+    assert notes == ["note: 1 duplicate grid point(s) dropped, each the same run as an earlier one: run "
+                     "[budget.tokens=4096 precision=fp8] = run [budget.tokens=4096 precision=fp8]"], out
+    assert "4 runs" in out
+
+
+def test_a_second_sweep_file_of_the_same_name_is_refused(tmp_path, tiny_sweep, capsys, monkeypatch):
+    from cluster import launch
+
+    runs = tmp_path / "runs"
+    first = Path(tiny_sweep("same"))
+    other = tmp_path / "elsewhere" / "same.yaml"  # a copy with another grid, its name left as it was
+    other.parent.mkdir()
+    other.write_text(first.read_text().replace("precision: [bf16, fp8]", "precision: [bf16, quartet]"))
+    # the first launch records its file in the group folder (training itself is not needed for that)
+    monkeypatch.setattr(launch, "run_local", lambda plan, runs, console=None: (0, 0, len(runs)))
+    assert sweep_main([str(first), "--runs-dir", str(runs)]) == 0
+    record = runs / "same" / launch.SWEEP_RECORD
+    assert record.is_file()
+    capsys.readouterr()
+    before = _tree(runs)
+    for extra in (["--dry-run"], []):
+        assert sweep_main([str(other), "--runs-dir", str(runs), *extra]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and f"holds the runs of sweep file {first.resolve()}, not of {other.resolve()}" in err
+    assert _tree(runs) == before
+    # the first file again, and the second one under its own name, go ahead
+    assert sweep_main([str(first), "--runs-dir", str(runs), "--dry-run"]) == 0
+    assert sweep_main([str(other), "--runs-dir", str(runs), "--dry-run", "sweep.name=same2"]) == 0
+    # a shipped sweep is recorded by its name in sweeps/, wherever the checkout is
+    assert launch.sweep_origin("smoke") == "sweeps/smoke.yaml"
+
+
+def test_a_dry_run_writes_nothing(tmp_path, tiny_sweep, monkeypatch):
+    """A run whose trainer died without an end marker: the dry run shows it failed but records nothing."""
+    import json
+    import socket
+    import subprocess
+    import sys
+
+    from cluster.launch import make_plan
+
+    sweep, runs = tiny_sweep("dry"), tmp_path / "runs"
+    plan = make_plan(sweep, None, [], str(runs), with_state=False)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    d = plan.runs[0].run_dir
+    d.mkdir(parents=True)
+    (d / "config.yaml").write_text("x: 1\n")
+    (d / "state.json").write_text(json.dumps({"state": "running", "step": 3, "total_steps": 8, "pid": dead.pid,
+                                              "pid_start": 1.0, "host": socket.gethostname()}))
+    (d / "metrics.jsonl").write_text(json.dumps({"step": 3, "loss": 5.0}) + "\n")
+    old = 1_000_000_000
+    for f in d.iterdir():
+        os.utime(f, (old, old))
+    before = _tree(runs)
+    assert sweep_main([sweep, "--runs-dir", str(runs), "--dry-run"]) == 0
+    assert _tree(runs) == before
+    assert make_plan(sweep, None, [], str(runs), reconcile=False).runs[0].state == "failed"
