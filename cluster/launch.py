@@ -498,6 +498,9 @@ def cli_main(argv: list[str] | None = None) -> int:
     except QuartetError as exc:
         print(f"quartet sweep: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # planning a large grid takes minutes: Ctrl-C stops it in one line
+        print("quartet sweep: interrupted while planning; nothing was written or submitted", file=sys.stderr)
+        return 130
     if not plan.runs:
         print(f"quartet sweep: error: sweep {plan.spec.name} has 0 runs (its exclude drops every point of the grid); "
               f"nothing to do", file=sys.stderr)

@@ -436,7 +436,7 @@ def inspect(run_dir: Path, queue: dict[str, str] | None = None, reconcile_dead: 
         beat = foreign_heartbeat(claim, run_dir)
         age = time.time() - beat
         view.state = "stale"
-        quiet = _future_note(-age) if in_future(beat) else f"no update of its files for {_age(age)}"
+        quiet = _future_note(-age) if in_future(beat) else f"no update of its files for {duration(age)}"
         view.error = (f"stale: claimed by pid {claim.get('pid')} on {claim.get('host')}, {quiet}; not checkable "
                       f"from here (nothing was written); if it died, relaunch resumes it")
         return view
@@ -543,11 +543,12 @@ def _not_requeued(run_dir: Path, view: RunView, claim: dict[str, Any] | None, st
 
 def _future_note(ahead: float) -> str:
     """Why a run whose files are dated ``ahead`` seconds in the future cannot be judged alive."""
-    return (f"but its files are dated {_age(ahead)} in the future (a clock ahead, or files copied with future times): "
+    return (f"but its files are dated {duration(ahead)} in the future (a clock ahead, or files copied with future times): "
             f"whether it is alive cannot be told from them")
 
 
-def _age(seconds: float) -> str:
+def duration(seconds: float) -> str:
+    """A span of time for a line: ``40 s``, ``12 min``, ``3.5 h`` (negative as 0)."""
     seconds = max(0.0, seconds)
     if seconds < 120:
         return f"{seconds:.0f} s"
@@ -607,8 +608,8 @@ def _check_standalone(run_dir: Path, view: RunView, st: dict[str, Any], reconcil
                       f"rerunning resumes from the last checkpoint")
     elif beat and age > limit:
         view.state = "stale"
-        view.error = (f"stale: no update of state.json/metrics.jsonl for {_age(age)} (expected every "
-                      f"{_age(interval) if interval else '?'}); {'pid ' + str(pid) + ' ' if pid else ''}{where} "
+        view.error = (f"stale: no update of state.json/metrics.jsonl for {duration(age)} (expected every "
+                      f"{duration(interval) if interval else '?'}); {'pid ' + str(pid) + ' ' if pid else ''}{where} "
                       f"cannot be checked from here; if it died, rerunning resumes from the last checkpoint")
     elif host != here:
         view.note = f"running {where} (not checkable from here)"

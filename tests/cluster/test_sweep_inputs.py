@@ -116,3 +116,38 @@ def test_a_dry_run_writes_nothing(tmp_path, tiny_sweep, monkeypatch):
     assert sweep_main([sweep, "--runs-dir", str(runs), "--dry-run"]) == 0
     assert _tree(runs) == before
     assert make_plan(sweep, None, [], str(runs), reconcile=False).runs[0].state == "failed"
+
+
+def test_a_large_plan_says_its_size_and_an_estimate_before_the_work(capsys):
+    """10^5 runs take many minutes to compose: the count comes before any, an estimate after the first few."""
+    from cluster.plan import _progress
+
+    ticks = iter(range(10**7))
+    runs = _progress(list(range(100_000)), "planning sweep big", clock=lambda: next(ticks) * 0.01)  # 10 ms a run
+    next(runs)
+    assert capsys.readouterr().err == "planning sweep big: 100000 runs to compose and resolve\n"
+    for done in range(2, 101):
+        next(runs)
+        err = capsys.readouterr().err
+        if err:
+            break
+    # printed when the 51st run is asked for, after timing the first 50
+    assert done == 51 and err == "planning sweep big: about 17 min for all 100000 runs (the first 50 took 0.5 s)\n"
+    assert sum(1 for _ in runs) == 100_000 - done
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == "planning sweep big: 500/100000 runs composed and resolved (5 s, about 17 min left)"
+    assert lines[-1] == "planning sweep big: 100000/100000 runs composed and resolved (1000 s)"
+
+
+def test_a_long_plan_table_is_cut_with_a_line(tmp_path, tiny_sweep, monkeypatch):
+    from rich.console import Console
+
+    from cluster import plan as plan_mod
+    from cluster.launch import make_plan
+
+    plan = make_plan(tiny_sweep("long"), None, [], str(tmp_path / "runs"))
+    monkeypatch.setattr(plan_mod, "TABLE_ROWS", 3)
+    console = Console(width=250, record=True)
+    plan_mod.render_plan(plan, console)
+    text = console.export_text()
+    assert "... 1 more runs (--max-rows N shows N)" in text and sum(r.run_id in text for r in plan.runs) == 3
