@@ -57,10 +57,30 @@ def split_overrides(items: list[str]) -> tuple[list[str], list[str], list[str]]:
 
 
 def default_runs_root() -> Path:
-    """QUARTET_RUNS or ./runs of the checkout."""
+    """``$QUARTET_RUNS``, else the checkout's ``runs/`` (:func:`quartet.paths.runs_root`)."""
     from quartet.paths import runs_root
 
     return runs_root()
+
+
+def placement(run_overrides: list[str], runs_dir: str | None) -> tuple[list[str], str | None, str | None]:
+    """(the other run overrides, runs root, group name) of a sweep whose run overrides may say where runs land.
+
+    ``run.out_dir=DIR`` is the runs root, as ``--runs-dir DIR`` (both, naming different folders: QuartetError), and
+    ``run.name=NAME`` the group folder, as ``sweep.name=NAME``: where runs land is decided by the same keys as for
+    ``quartet train``, and the plan, its claims, logs and ``quartet status`` all look there."""
+    rest, out_dir, name = [], None, None
+    for item in run_overrides:
+        key, _, value = item.lstrip("+").partition("=")
+        if key == "run.out_dir":
+            out_dir = value
+        elif key == "run.name":
+            name = value
+        else:
+            rest.append(item)
+    if out_dir and runs_dir and Path(out_dir).resolve() != Path(runs_dir).resolve():
+        raise QuartetError(f"--runs-dir {runs_dir} and run.out_dir={out_dir} name two runs folders; give one")
+    return rest, runs_dir or out_dir or None, name
 
 
 #: in a sweep's group folder: the sweep file whose runs it holds (see :func:`check_group_owner`)
@@ -102,7 +122,8 @@ def make_plan(name: str, cluster: str | None, overrides: list[str], runs_dir: st
     sweep file (:func:`check_group_owner`). Writes nothing, except that with ``reconcile`` runs found dead are
     recorded so (``runstate.inspect``)."""
     sweep_ov, cluster_ov, run_ov = split_overrides(overrides)
-    spec = load_sweep(name, sweep_ov)
+    run_ov, runs_dir, group = placement(run_ov, runs_dir)
+    spec = load_sweep(name, sweep_ov + ([f"name={group}"] if group is not None else []))
     profile = load_profile(cluster or spec.cluster, cluster_ov)
     root = Path(runs_dir) if runs_dir else default_runs_root()
     origin = sweep_origin(name)
@@ -468,7 +489,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("name", help="sweep name (sweeps/<name>.yaml) or a path to a sweep YAML")
     p.add_argument("--cluster", help="cluster profile (conf/cluster/<name>.yaml or a path); default: the sweep's")
     p.add_argument("--dry-run", action="store_true", help="print the plan, write and submit nothing")
-    p.add_argument("--runs-dir", help="runs root (default: $QUARTET_RUNS, else <checkout>/runs; a relative path is from the working directory)")
+    p.add_argument("--runs-dir", help="runs root, as run.out_dir=DIR (default: $QUARTET_RUNS, else <checkout>/runs; a relative path is from the working directory)")
     p.add_argument("--max-rows", type=int, default=None, help="print at most this many runs in the plan table")
     p.add_argument("overrides", nargs="*", help="key=value overrides")
     return p
@@ -571,7 +592,8 @@ def cli_main(argv: list[str] | None = None) -> int:
             desc = ", ".join(f"{a} ({n} task{'s' if n > 1 else ''})" for a, n in arrays)
             console.print(f"submitted {len(claimed)} run(s) as {len(arrays)} job array(s): {desc}; "
                           f"sbatch scripts + logs in {plan.group_dir / 'slurm'}")
-            console.print(f"follow with: quartet status {plan.spec.name}" + (f" --runs-dir {args.runs_dir}" if args.runs_dir else ""))
+            elsewhere = plan.runs_root != default_runs_root().resolve()
+            console.print(f"follow with: quartet status {plan.spec.name}" + (f" --runs-dir {plan.runs_root}" if elsewhere else ""))
             return 0
         completed, failed, stopped = run_local(plan, claimed, console)
         return 1 if failed else 0

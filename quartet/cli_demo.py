@@ -427,7 +427,7 @@ def cli_main(argv: list[str] | None = None) -> int:
     """``quartet demo``: data → smoke sweep (local) → fit → figures + report; prints the report's path."""
     p = argparse.ArgumentParser(prog="quartet demo", description=__doc__.splitlines()[0])
     p.add_argument("--sweep", default="demo", help="sweep to run locally (default: demo)")
-    p.add_argument("--runs-dir", type=Path, default=None, help="runs root (default: $QUARTET_RUNS or ./runs)")
+    p.add_argument("--runs-dir", type=Path, default=None, help="runs root (default: $QUARTET_RUNS, else <checkout>/runs)")
     p.add_argument("--out", type=Path, default=REPO_ROOT / "results" / "demo", help="results folder")
     p.add_argument("--bootstrap", type=int, default=50, help="bootstrap resamples for the intervals (default 50)")
     args = p.parse_args(argv)

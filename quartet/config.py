@@ -176,7 +176,7 @@ class RunConfig:
     name: str = "default"
     seed: int = 0
     data_seed: int = 1337
-    #: runs root; null = quartet.paths.runs_root() (QUARTET_RUNS or ./runs)
+    #: runs root; null = quartet.paths.runs_root() ($QUARTET_RUNS, else <checkout>/runs); docs/training.md
     out_dir: Optional[str] = None
     #: auto | cpu | cuda
     device: str = "auto"

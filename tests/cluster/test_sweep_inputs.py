@@ -151,3 +151,21 @@ def test_a_long_plan_table_is_cut_with_a_line(tmp_path, tiny_sweep, monkeypatch)
     plan_mod.render_plan(plan, console)
     text = console.export_text()
     assert "... 1 more runs (--max-rows N shows N)" in text and sum(r.run_id in text for r in plan.runs) == 3
+
+
+def test_run_out_dir_and_run_name_place_a_sweep_as_they_place_a_train(tmp_path, tiny_sweep):
+    """The keys that say where `quartet train` puts a run say it for a sweep too: plan, claims and status agree."""
+    import pytest
+
+    from cluster.launch import make_plan
+    from quartet.errors import QuartetError
+
+    sweep, root = tiny_sweep("place"), tmp_path / "elsewhere"
+    plan = make_plan(sweep, None, ["run.out_dir=" + str(root), "run.name=mine"], None)
+    assert plan.runs_root == root.resolve() and plan.group_dir == root.resolve() / "mine"
+    assert all(r.run_dir.parent == plan.group_dir for r in plan.runs)
+    assert [r.run_id for r in plan.runs] == [r.run_id for r in make_plan(sweep, None, [], str(root)).runs]
+    same = make_plan(sweep, None, ["run.out_dir=" + str(root)], str(root))
+    assert same.group_dir == root.resolve() / "place"
+    with pytest.raises(QuartetError, match="name two runs folders; give one"):
+        make_plan(sweep, None, ["run.out_dir=" + str(root)], str(tmp_path / "other"))
