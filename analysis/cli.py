@@ -48,6 +48,8 @@ def _check_common(args) -> None:
         raise AnalysisError("give exactly one SOURCE or --paper")
     if args.bootstrap < 0:
         raise AnalysisError(f"--bootstrap must be >= 0 resamples (got {args.bootstrap})")
+    if args.seed < 0:  # numpy's generators take none
+        raise AnalysisError(f"--seed must be >= 0 (got {args.seed})")
     if args.delta is not None and not args.delta > 0:
         raise AnalysisError(f"--delta must be positive (got {args.delta})")
     for flag, value in (("--at-n", args.at_n), ("--at-ratio", args.at_ratio)):

@@ -180,6 +180,7 @@ def frame_from_table(raw: pd.DataFrame, provenance: dict | None = None, name: st
                             f"{', '.join(TABLE_REQUIRED)} (extra columns are allowed)")
     rows, dropped = [], []
     ragged = raw.attrs.get("ragged", {})
+    labels: dict[str, tuple[int, str, str]] = {}  # precision -> (first row, forward, backward)
     for i, rec in enumerate(raw.to_dict("records")):
         rid = str(rec.get("run_id") if isinstance(rec.get("run_id"), str) else f"row{i}")
         if i in ragged:  # a truncated line: its missing fields read as NaN, which is no diverged run
@@ -200,12 +201,32 @@ def frame_from_table(raw: pd.DataFrame, provenance: dict | None = None, name: st
             dropped.append({"run_id": rid, "reason": reason})
             continue
         fw, bw = str(rec["forward"]).strip().lower(), str(rec["backward"]).strip().lower()
+        _check_precision(rec.get("precision"), fw, bw, f"{name} row {i} ({rid})", i, labels)
         row = {**rec, "run_id": rid, "forward": fw, "backward": bw, "loss": float(rec["loss"]),
                "precision": rec.get("precision") if isinstance(rec.get("precision"), str) else _precision_label(fw, bw),
                "model": rec.get("model", f"{float(rec['n_params']) / 1e6:.3g}M"), "source": rec.get("source", name)}
         rows.append(row)
     prov = {**(provenance or {"kind": "table", "name": name}), "run_ids": [r["run_id"] for r in rows]}
     return _finish(rows, dropped, prov, name, strict_units=True)
+
+
+def _check_precision(precision, fw: str, bw: str, where: str, i: int, labels: dict) -> None:
+    """AnalysisError (one line naming the row) when a row's precision contradicts its forward/backward labels: the
+    base precision is exactly the rows with forward == backward == :data:`BASE_LABEL` (the base law is fitted on
+    those; a quantized row labelled so would enter it, and vice versa), and a precision has one pair of labels
+    (one efficiency fit each). ``labels`` collects each precision's first row."""
+    if not isinstance(precision, str) or not precision.strip():
+        return  # no name: the labels name the precision
+    name = precision.strip().lower()
+    if (name == BASE_LABEL) != (fw == bw == BASE_LABEL):
+        why = (f"the base precision's rows have forward = backward = {BASE_LABEL}" if name == BASE_LABEL
+               else f"forward = backward = {BASE_LABEL} is the base precision")
+        raise AnalysisError(f"{where}: precision {precision!r} contradicts forward={fw}, backward={bw} ({why}); fix "
+                            f"the row's labels")
+    first = labels.setdefault(name, (i, fw, bw))
+    if first[1:] != (fw, bw):
+        raise AnalysisError(f"{where}: precision {precision!r} has forward={fw}, backward={bw}, but row {first[0]} "
+                            f"gives it forward={first[1]}, backward={first[2]}; a precision has one pair of labels")
 
 
 def load_paper() -> pd.DataFrame:

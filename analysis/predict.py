@@ -13,7 +13,6 @@ llama_50m``: the exact non-embedding N of the model's config) or ``--n``; budget
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,10 +51,11 @@ class LawFit:
 
     @classmethod
     def from_json(cls, path: str | Path) -> "LawFit":
-        from analysis.report import draws_from_dict
+        """The fit of a fit JSON (``quartet fit --json``); AnalysisError (one line) saying what is wrong with it."""
+        from analysis.report import draws_from_dict, read_fit_json
 
+        d = read_fit_json(path)
         try:
-            d = json.loads(Path(path).read_text())
             base = d["base"]
             effs = {e["scheme"]: (_num(e["eff_n"]), _num(e["eff_d"]), e["status"], e.get("message", ""))
                     for e in d.get("efficiencies", [])}
@@ -63,7 +63,7 @@ class LawFit:
             return cls(params={k: _num(v) for k, v in base["params"].items()}, effs=effs, base_status=base["status"],
                        base_message=base.get("message", ""), draws=draws,
                        base_range=dict(d.get("provenance", {}).get("base_range", {})), source=str(path))
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise AnalysisError(f"{path}: not a fit JSON of `quartet fit --json` ({type(exc).__name__}: {exc})") from None
 
     @property
@@ -77,15 +77,10 @@ def _num(x) -> float:
 
 
 def is_fit_json(path: str) -> bool:
-    """Whether ``path`` is a fit JSON (``quartet fit --json``), as opposed to a table or runs a fit reads."""
-    p = Path(path)
-    if p.suffix.lower() != ".json" or not p.is_file():
-        return False
-    try:
-        d = json.loads(p.read_text())
-    except ValueError:
-        return False
-    return isinstance(d, dict) and "base" in d and "efficiencies" in d
+    """Whether ``path`` names a fit JSON (``quartet fit --json``), as opposed to a table or runs a fit reads: any
+    ``.json`` (no other source is one), so that a missing, unreadable or corrupt one is named as such by
+    :meth:`LawFit.from_json`."""
+    return Path(path).suffix.lower() == ".json"
 
 
 @dataclass(frozen=True)

@@ -166,6 +166,33 @@ class FitReport:
         return text
 
 
+def read_fit_json(path: str | Path) -> dict:
+    """A fit JSON written by :meth:`FitReport.to_json` (``quartet fit --json``), as a dict; AnalysisError (one line
+    saying what is wrong) when it cannot be read, is not JSON, is not a fit JSON, or has no or another
+    ``schema_version`` than :data:`SCHEMA_VERSION` (its fields may mean something else: refit instead)."""
+    path = Path(path)
+    refit = "refit it with this version: quartet fit SOURCE --bootstrap N --json OUT"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise AnalysisError(f"{path}: cannot be read ({exc.strerror or type(exc).__name__})") from None
+    except UnicodeDecodeError as exc:
+        raise AnalysisError(f"{path}: not UTF-8 text (bad byte at offset {exc.start}); the file is corrupt") from None
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise AnalysisError(f"{path}: not valid JSON ({exc.msg}: line {exc.lineno}, column {exc.colno}); the file "
+                            f"is corrupt or truncated") from None
+    if not isinstance(data, dict) or "base" not in data or "efficiencies" not in data:
+        raise AnalysisError(f"{path}: not a fit JSON of `quartet fit --json` (no 'base' and 'efficiencies')")
+    version = data.get("schema_version")
+    if version != SCHEMA_VERSION:
+        what = "has no schema_version" if version is None else f"has schema_version {version!r}"
+        raise AnalysisError(f"{path}: {what}; this quartet reads fit JSONs of schema_version {SCHEMA_VERSION}; "
+                            f"{refit}")
+    return data
+
+
 #: a JSON list of numbers / nulls spread over lines by ``indent``
 _NUMBER_LIST = re.compile(r"\[(?:\s*(?:-?[0-9][0-9.eE+-]*|null)\s*,)*\s*(?:-?[0-9][0-9.eE+-]*|null)\s*\]")
 

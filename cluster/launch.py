@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import signal
 import sys
@@ -36,7 +37,7 @@ from pathlib import Path
 from cluster import runstate
 from cluster.plan import Plan, PlannedRun, build_plan, render_plan, write_run_config
 from cluster.profiles import ClusterProfile, load_profile, local_gpus, local_pool_size
-from cluster.spec import load_sweep
+from cluster.spec import load_sweep, sweep_file
 from quartet.errors import QuartetError
 
 
@@ -56,20 +57,80 @@ def split_overrides(items: list[str]) -> tuple[list[str], list[str], list[str]]:
 
 
 def default_runs_root() -> Path:
-    """QUARTET_RUNS or ./runs of the checkout."""
+    """``$QUARTET_RUNS``, else the checkout's ``runs/`` (:func:`quartet.paths.runs_root`)."""
     from quartet.paths import runs_root
 
     return runs_root()
 
 
+def placement(run_overrides: list[str], runs_dir: str | None) -> tuple[list[str], str | None, str | None]:
+    """(the other run overrides, runs root, group name) of a sweep whose run overrides may say where runs land.
+
+    ``run.out_dir=DIR`` is the runs root, as ``--runs-dir DIR`` (both, naming different folders: QuartetError), and
+    ``run.name=NAME`` the group folder, as ``sweep.name=NAME``: where runs land is decided by the same keys as for
+    ``quartet train``, and the plan, its claims, logs and ``quartet status`` all look there."""
+    rest, out_dir, name = [], None, None
+    for item in run_overrides:
+        key, _, value = item.lstrip("+").partition("=")
+        if key == "run.out_dir":
+            out_dir = value
+        elif key == "run.name":
+            name = value
+        else:
+            rest.append(item)
+    if out_dir and runs_dir and Path(out_dir).resolve() != Path(runs_dir).resolve():
+        raise QuartetError(f"--runs-dir {runs_dir} and run.out_dir={out_dir} name two runs folders; give one")
+    return rest, runs_dir or out_dir or None, name
+
+
+#: in a sweep's group folder: the sweep file whose runs it holds (see :func:`check_group_owner`)
+SWEEP_RECORD = ".sweep.json"
+
+
+def sweep_origin(name_or_path: str) -> str:
+    """Which sweep file ``name_or_path`` is, as recorded in its group folder: ``sweeps/<file>`` for a shipped sweep
+    (the same wherever the checkout is), else the file's absolute path."""
+    from quartet.paths import SWEEPS_DIR
+
+    path = sweep_file(name_or_path).resolve()
+    try:
+        return f"sweeps/{path.relative_to(Path(SWEEPS_DIR).resolve())}"
+    except ValueError:
+        return str(path)
+
+
+def check_group_owner(group_dir: Path, name: str, origin: str) -> None:
+    """QuartetError (one line) when sweep ``name``'s group folder holds the runs of another sweep file of that name:
+    launching would merge this sweep's runs into that folder (and status and fits of it would mix two grids)."""
+    other = (runstate.read_json(group_dir / SWEEP_RECORD) or {}).get("sweep_file")
+    if other and other != origin:
+        raise QuartetError(f"sweep {name}: {group_dir} holds the runs of sweep file {other}, not of {origin}; give "
+                           f"this sweep its own name (name: in the file, or sweep.name=NEW) or another --runs-dir; if "
+                           f"it is that file moved, delete {group_dir / SWEEP_RECORD}")
+
+
+def record_group_owner(plan: Plan, origin: str) -> None:
+    """Write :data:`SWEEP_RECORD` into the group folder (launches only; the first launch of a folder names it)."""
+    path = plan.group_dir / SWEEP_RECORD
+    if (runstate.read_json(path) or {}).get("sweep_file") != origin:
+        runstate.atomic_write_text(path, json.dumps({"sweep": plan.spec.name, "sweep_file": origin}) + "\n")
+
+
 def make_plan(name: str, cluster: str | None, overrides: list[str], runs_dir: str | None = None,
-              with_state: bool = True) -> Plan:
-    """Load sweep + profile and build the validated plan (no side effects)."""
+              with_state: bool = True, reconcile: bool = True) -> Plan:
+    """Load sweep + profile and build the validated plan; QuartetError when its group folder belongs to another
+    sweep file (:func:`check_group_owner`). Writes nothing, except that with ``reconcile`` runs found dead are
+    recorded so (``runstate.inspect``)."""
     sweep_ov, cluster_ov, run_ov = split_overrides(overrides)
-    spec = load_sweep(name, sweep_ov)
+    run_ov, runs_dir, group = placement(run_ov, runs_dir)
+    spec = load_sweep(name, sweep_ov + ([f"name={group}"] if group is not None else []))
     profile = load_profile(cluster or spec.cluster, cluster_ov)
     root = Path(runs_dir) if runs_dir else default_runs_root()
-    return build_plan(spec, profile, root, run_ov, with_state=with_state, progress=True)
+    origin = sweep_origin(name)
+    check_group_owner(root.resolve() / spec.name, spec.name, origin)  # before the planning work
+    plan = build_plan(spec, profile, root, run_ov, with_state=with_state, progress=True, reconcile=reconcile)
+    plan.sweep_file = origin
+    return plan
 
 
 def check_corrupt(plan: Plan) -> None:
@@ -88,6 +149,8 @@ def claim_and_prepare(plan: Plan, runs: list[PlannedRun]) -> tuple[list[PlannedR
 
     queue = slurm.queue() if slurm.available() else None
     claimed, taken = [], []
+    if plan.sweep_file:
+        record_group_owner(plan, plan.sweep_file)
     for r in runs:
         if runstate.try_claim(r.run_dir, {"scheduler": plan.profile.kind, "sweep": plan.spec.name}, queue):
             write_run_config(r, plan.profile)
@@ -426,7 +489,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("name", help="sweep name (sweeps/<name>.yaml) or a path to a sweep YAML")
     p.add_argument("--cluster", help="cluster profile (conf/cluster/<name>.yaml or a path); default: the sweep's")
     p.add_argument("--dry-run", action="store_true", help="print the plan, write and submit nothing")
-    p.add_argument("--runs-dir", help="runs root (default: $QUARTET_RUNS, else <checkout>/runs; a relative path is from the working directory)")
+    p.add_argument("--runs-dir", help="runs root, as run.out_dir=DIR (default: $QUARTET_RUNS, else <checkout>/runs; a relative path is from the working directory)")
     p.add_argument("--max-rows", type=int, default=None, help="print at most this many runs in the plan table")
     p.add_argument("overrides", nargs="*", help="key=value overrides")
     return p
@@ -451,10 +514,14 @@ def cli_main(argv: list[str] | None = None) -> int:
     # wide enough for run ids when the output is a file or a pipe (rich defaults to 80 columns there)
     console = Console(width=None if sys.stdout.isatty() else 200)
     try:
-        plan = make_plan(args.name, args.cluster, args.overrides, args.runs_dir)
+        # a dry run writes nothing: a run found dead is shown so, and recorded by the launch that resumes it
+        plan = make_plan(args.name, args.cluster, args.overrides, args.runs_dir, reconcile=not args.dry_run)
     except QuartetError as exc:
         print(f"quartet sweep: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # planning a large grid takes minutes: Ctrl-C stops it in one line
+        print("quartet sweep: interrupted while planning; nothing was written or submitted", file=sys.stderr)
+        return 130
     if not plan.runs:
         print(f"quartet sweep: error: sweep {plan.spec.name} has 0 runs (its exclude drops every point of the grid); "
               f"nothing to do", file=sys.stderr)
@@ -463,23 +530,24 @@ def cli_main(argv: list[str] | None = None) -> int:
     if plan.duplicates:
         more = f" (and {len(plan.duplicates) - 1} more)" if len(plan.duplicates) > 1 else ""
         console.print(f"note: {len(plan.duplicates)} duplicate grid point(s) dropped, each the same run as an earlier "
-                      f"one: {plan.duplicates[0]}{more}")
+                      f"one: {plan.duplicates[0]}{more}", markup=False)  # its [labels] are not rich markup
     try:
         check_corrupt(plan)
     except QuartetError as exc:
         print(f"quartet sweep: error: {exc}", file=sys.stderr)
         return 2
     _say_busy(plan, console)
-    if args.dry_run:
-        console.print("dry run: nothing written, nothing submitted")
-        return 0
     from quartet.paths import not_writable
 
+    # before the dry run's exit: a dry run says what the launch would say (and exits as it would)
     why = not_writable(plan.runs_root)
     if why:
         print(f"quartet sweep: error: runs folder {plan.runs_root}: {why}; nothing was submitted (choose another with "
               f"--runs-dir or QUARTET_RUNS)", file=sys.stderr)
         return 2
+    if args.dry_run:
+        console.print("dry run: nothing written, nothing submitted")
+        return 0
     todo = plan.pending()
     if todo and plan.profile.kind == "slurm":
         from cluster import slurm
@@ -524,7 +592,8 @@ def cli_main(argv: list[str] | None = None) -> int:
             desc = ", ".join(f"{a} ({n} task{'s' if n > 1 else ''})" for a, n in arrays)
             console.print(f"submitted {len(claimed)} run(s) as {len(arrays)} job array(s): {desc}; "
                           f"sbatch scripts + logs in {plan.group_dir / 'slurm'}")
-            console.print(f"follow with: quartet status {plan.spec.name}" + (f" --runs-dir {args.runs_dir}" if args.runs_dir else ""))
+            elsewhere = plan.runs_root != default_runs_root().resolve()
+            console.print(f"follow with: quartet status {plan.spec.name}" + (f" --runs-dir {plan.runs_root}" if elsewhere else ""))
             return 0
         completed, failed, stopped = run_local(plan, claimed, console)
         return 1 if failed else 0

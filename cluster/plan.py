@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from cluster import runstate, slurm
 from cluster.branches import branch_mode, expand_branches
 from cluster.profiles import ClusterProfile, Resources, describe_local, gpu_hours, resources_for, rule_for
-from cluster.spec import RunPoint, SweepSpec, expand
+from cluster.spec import RunPoint, SweepSpec, expand_named
 from quartet.errors import ConfigError, QuartetError
 from quartet.memory import GB, MemoryEstimate, choose_parallel
 
@@ -85,8 +85,10 @@ class Plan:
     profile: ClusterProfile
     runs_root: Path
     runs: list[PlannedRun] = field(default_factory=list)
-    #: grid points dropped because an earlier point has the same run id (one line each)
+    #: grid points dropped because an earlier point is the same run (one line each)
     duplicates: list[str] = field(default_factory=list)
+    #: the sweep file, as recorded in the group folder by a launch (``cluster.launch.sweep_origin``); None: not known
+    sweep_file: str | None = None
 
     @property
     def group_dir(self) -> Path:
@@ -142,10 +144,11 @@ def compose_run(point: RunPoint, spec: SweepSpec, runs_root: Path, extra: list[s
 
 
 def build_plan(spec: SweepSpec, profile: ClusterProfile, runs_root: Path, extra: list[str] | None = None,
-               with_state: bool = True, progress: bool = False) -> Plan:
+               with_state: bool = True, progress: bool = False, reconcile: bool = True) -> Plan:
     """Compose, resolve and identify every run of ``spec``; attach resources, estimates, state.
 
-    Raises ConfigError (one line) naming the first bad run and its key, plus how many are bad.
+    Raises ConfigError (one line) naming the first bad run and its key, plus how many are bad. Writes nothing,
+    except that with ``reconcile`` runs that ``runstate.inspect`` finds dead are recorded so in their state.json.
     """
     from quartet.config import resolve
     from quartet.runs import run_dir as run_dir_of
@@ -154,7 +157,7 @@ def build_plan(spec: SweepSpec, profile: ClusterProfile, runs_root: Path, extra:
     extra = list(extra or [])
     plan = Plan(spec=spec, profile=profile, runs_root=runs_root)
     errors: list[str] = []
-    points = expand(spec)
+    points, plan.duplicates = expand_named(spec)
     iterator: Any = _progress(points, f"planning sweep {spec.name}") if progress and len(points) > 20 else points
     composed = []
     for point in iterator:
@@ -200,7 +203,7 @@ def build_plan(spec: SweepSpec, profile: ClusterProfile, runs_root: Path, extra:
     if with_state:
         queue = slurm.queue() if slurm.available() else None
         for r in plan.runs:
-            r.view = runstate.inspect(r.run_dir, queue) if r.run_dir.exists() else None
+            r.view = runstate.inspect(r.run_dir, queue, reconcile_dead=reconcile) if r.run_dir.exists() else None
     return plan
 
 
@@ -271,25 +274,38 @@ def _run_error(point: RunPoint, exc: BaseException) -> str:
     return f"run [{point.label}]: {what}"
 
 
-def _progress(points: list, what: str, every_s: float = 5.0):
-    """Yield ``points``, showing progress on stderr: a transient bar on a terminal, else one clean line about every
-    ``every_s`` seconds (and at the end) for logs and pipes."""
+def _progress(points: list, what: str, every_s: float = 5.0, clock=None):
+    """Yield ``points``, showing progress on stderr. First, before any work, one line with the count; then a
+    transient bar with the time left on a terminal, else (logs and pipes) one line with an estimate of the whole
+    once the first runs are timed (1 s or 50 runs), and one line about every ``every_s`` seconds (and at the end)
+    with the time left. ``clock``: seconds (default ``time.monotonic``)."""
     import sys
     import time
 
+    clock = clock or time.monotonic
+    total = len(points)
+    print(f"{what}: {total} runs to compose and resolve", file=sys.stderr, flush=True)
     if sys.stderr.isatty():
         from rich.console import Console
         from rich.progress import track
 
-        yield from track(points, description=f"{what}: {len(points)} runs", transient=True, console=Console(stderr=True))
+        yield from track(points, description=f"{what}: {total} runs", transient=True, console=Console(stderr=True))
         return
-    t0 = last = time.monotonic()
+    t0 = last = clock()
+    estimated = False
     for i, point in enumerate(points, 1):
         yield point
-        now = time.monotonic()
-        if now - last >= every_s or i == len(points):
+        now = clock()
+        left = (now - t0) / i * (total - i)
+        if not estimated and i < total and (now - t0 >= 1.0 or i >= 50):
+            estimated = True
+            print(f"{what}: about {runstate.duration(left + now - t0)} for all {total} runs (the first {i} took "
+                  f"{now - t0:.1f} s)", file=sys.stderr, flush=True)
+        if now - last >= every_s or i == total:
             last = now
-            print(f"{what}: {i}/{len(points)} runs composed and resolved ({now - t0:.0f} s)", file=sys.stderr, flush=True)
+            tail = f", about {runstate.duration(left)} left" if i < total else ""
+            print(f"{what}: {i}/{total} runs composed and resolved ({now - t0:.0f} s{tail})", file=sys.stderr,
+                  flush=True)
 
 
 def plan_memory(cfg: DictConfig, res, profile: ClusterProfile, world: int) -> MemoryEstimate:
@@ -377,26 +393,33 @@ def _parallel_cell(r: PlannedRun) -> str:
     return f"{mode}/{r.memory.shards}" if r.memory and mode == "fsdp" else mode
 
 
+#: runs shown in the plan table unless ``max_rows`` says otherwise: a table of 10^5 rows takes minutes to print
+TABLE_ROWS = 1000
+
+
 def render_plan(plan: Plan, console=None, max_rows: int | None = None) -> None:
-    """Print the plan: per run N, D, steps, LR, FLOPs, hours, resources, state; then the arrays."""
+    """Print the plan: per run N, D, steps, LR, FLOPs, hours, resources, state (the first ``max_rows``, by default
+    :data:`TABLE_ROWS`); then the totals and the arrays."""
     from rich.console import Console
     from rich.table import Table
 
     console = console or Console()
+    given = max_rows is not None
+    max_rows = max_rows if given else TABLE_ROWS
     prof = plan.profile
     dev = prof.device_label
     table = Table(title=f"sweep {plan.spec.name} -> {prof.name} ({prof.kind})", show_lines=False)
     for col in ("run", "N", "D", "D/N", "steps", "LR", "FLOPs", f"{dev}s", "parallel", f"GB/{dev}", f"{dev}-h",
                 "state"):
         table.add_column(col, justify="left" if col in ("run", "state") else "right", no_wrap=True)
-    rows = plan.runs if max_rows is None else plan.runs[:max_rows]
+    rows = plan.runs[:max_rows]
     for r in rows:
         table.add_row(r.run_id, _si(r.n_params), _si(r.tokens), f"{r.tokens / r.n_params:.0f}", str(r.steps),
                       f"{r.lr:.3g}", _si(r.flops), str(max(1, r.resources.gpus)), _parallel_cell(r),
                       f"{r.memory.total / GB:.1f}" if r.memory else "-", f"{r.hours:.3g}", r.state)
     console.print(table)
-    if max_rows is not None and len(plan.runs) > max_rows:
-        console.print(f"... {len(plan.runs) - max_rows} more runs")
+    if len(plan.runs) > max_rows:
+        console.print(f"... {len(plan.runs) - max_rows} more runs" + ("" if given else " (--max-rows N shows N)"))
     counts = plan.counts()
     total_h = sum(r.hours for r in plan.runs)
     todo_h = sum(r.hours for r in plan.pending())

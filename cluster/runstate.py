@@ -27,6 +27,11 @@ ended without being requeued (submitit's "timed-out too many times"). A run on a
 cannot be checked is shown ``stale`` once its files stopped changing for much longer than expected.
 When ``squeue`` cannot be asked, Slurm-claimed runs are shown ``unknown`` (job state ``UNKNOWN``)
 rather than guessed, and their claims are trusted (never broken, never relaunched).
+
+Claims and train locks record the run directory they were made for (``dir``). A copy of a run directory made
+while its run trains carries the original's records, whose holder is alive but works on the original: the copy
+is ``stale`` (saying so), and its claim is not its own (a launch may take it). File times further in the future
+than :data:`FUTURE_SKEW_S` are no sign of life: such a run is ``stale`` with a line, not trusted until then.
 """
 from __future__ import annotations
 
@@ -60,6 +65,9 @@ FOREIGN_CLAIM_TTL_S = 3600.0
 STALE_AFTER_S = 3600.0
 #: job state shown when squeue could not be asked about a Slurm-claimed run
 UNKNOWN_JOB = "UNKNOWN"
+#: file times further ahead of this host's clock than this are no sign of life (a clock ahead, files copied with
+#: future times): such a run is judged ``stale`` rather than trusted until that time comes
+FUTURE_SKEW_S = 300.0
 
 
 def now_iso() -> str:
@@ -165,6 +173,8 @@ def claim_alive(claim: dict[str, Any] | None, queue: dict[str, str] | None, run_
     """
     if not claim:
         return False
+    if run_dir is not None and elsewhere(claim, run_dir):  # a copy's claim: its holder works on the original
+        return False
     job = claim.get("job_id")
     if claim.get("scheduler") == "slurm" and job:
         if queue is None:
@@ -173,7 +183,29 @@ def claim_alive(claim: dict[str, Any] | None, queue: dict[str, str] | None, run_
     if claim.get("host") == socket.gethostname():
         pid = claim.get("pid")
         return isinstance(pid, int) and _pid_alive(pid)
-    return time.time() - foreign_heartbeat(claim, run_dir) < FOREIGN_CLAIM_TTL_S
+    beat = foreign_heartbeat(claim, run_dir)
+    return not in_future(beat) and time.time() - beat < FOREIGN_CLAIM_TTL_S
+
+
+def in_future(mtime: float) -> bool:
+    """Whether a file time is further ahead of this host's clock than :data:`FUTURE_SKEW_S`: no sign of life."""
+    return mtime - time.time() > FUTURE_SKEW_S
+
+
+def elsewhere(record: dict[str, Any] | None, run_dir: Path) -> str | None:
+    """The other run directory a claim or train-lock record of this host was made for, or None (made for
+    ``run_dir``, or not checkable: no directory recorded, or made on another host, whose paths may differ).
+
+    A run directory copied while its run trains carries the original's records: their holder is alive, but works on
+    the original, never on the copy."""
+    where = (record or {}).get("dir")
+    if not where or record.get("host") != socket.gethostname():
+        return None
+    other, here = Path(where), Path(run_dir)
+    with contextlib.suppress(OSError):
+        if other.resolve() == here.resolve() or (other.exists() and os.path.samefile(other, here)):
+            return None
+    return str(other)
 
 
 def foreign_heartbeat(claim: dict[str, Any], run_dir: Path | None) -> float:
@@ -228,7 +260,8 @@ def _claim_lock(run_dir: Path):
 
 def _try_claim_locked(run_dir: Path, info: dict[str, Any], queue: dict[str, str] | None) -> bool:
     path = run_dir / CLAIM
-    record = {"pid": os.getpid(), "host": socket.gethostname(), "time": time.time(), "job_id": None, **info}
+    record = {"pid": os.getpid(), "host": socket.gethostname(), "time": time.time(), "job_id": None,
+              "dir": str(run_dir.resolve()), **info}
     for _ in range(3):
         try:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
@@ -359,7 +392,10 @@ def inspect(run_dir: Path, queue: dict[str, str] | None = None, reconcile_dead: 
     if view.state == "completed":  # summary.json is the only completion marker (it was deleted)
         view.state = "new"
     # a held train lock means a trainer is at work, even when the launcher of its claim is gone
-    view.live = claim_alive(claim, queue, run_dir) or train_lock_holder(run_dir) is not None
+    locked = train_lock_holder(run_dir) is not None
+    if not locked and _copied(run_dir, view, claim, queue):
+        return view
+    view.live = claim_alive(claim, queue, run_dir) or locked
     slurm_claim = bool((claim or {}).get("scheduler") == "slurm" and (claim or {}).get("job_id"))
     if view.live:
         if slurm_claim and queue is None:
@@ -397,10 +433,12 @@ def inspect(run_dir: Path, queue: dict[str, str] | None = None, reconcile_dead: 
         return view
     if view.state in {"running", "pending"} and foreign_claim(claim):
         # a launcher on another host whose files stopped changing: it may still be alive; nothing is written
-        age = time.time() - foreign_heartbeat(claim, run_dir)
+        beat = foreign_heartbeat(claim, run_dir)
+        age = time.time() - beat
         view.state = "stale"
-        view.error = (f"stale: claimed by pid {claim.get('pid')} on {claim.get('host')}, no update of its files for "
-                      f"{_age(age)}; not checkable from here (nothing was written); if it died, relaunch resumes it")
+        quiet = _future_note(-age) if in_future(beat) else f"no update of its files for {duration(age)}"
+        view.error = (f"stale: claimed by pid {claim.get('pid')} on {claim.get('host')}, {quiet}; not checkable "
+                      f"from here (nothing was written); if it died, relaunch resumes it")
         return view
     if view.state in {"running", "pending"} and claim is not None:
         # the process that owned the run is gone and never wrote an end state
@@ -423,6 +461,40 @@ def inspect(run_dir: Path, queue: dict[str, str] | None = None, reconcile_dead: 
         lines = _tail(run_dir / ERROR, 8192).strip().splitlines()  # "" when unreadable (another user's 0600 file)
         view.error = lines[-1] if lines else None
     return view
+
+
+def _copied(run_dir: Path, view: RunView, claim: dict[str, Any] | None, queue: dict[str, str] | None) -> bool:
+    """A copy of a run directory made while its run trained (its train lock is not held here): the train lock or
+    claim it carries names another folder, which exists, and a holder that is alive (a moved folder's records name
+    a folder that is gone; a dead holder's run is lost, as anywhere). Running / pending in the copy: ``stale``, saying
+    so (True: the view is done; nothing is written). Otherwise its state stands, with a note (False)."""
+    from quartet.runlock import describe, last_record
+
+    lock = last_record(run_dir)
+    found = None
+    for record, alive, who in ((lock, lambda r: isinstance(r.get("pid"), int) and _pid_alive(r["pid"]), describe),
+                               (claim, lambda r: claim_alive(r, queue), _claimant)):
+        other = elsewhere(record, run_dir)
+        if other and Path(other).is_dir() and alive(record):
+            found = (other, who(record))
+            break
+    if found is None:
+        return False
+    other, who = found
+    if view.state not in {"running", "pending"}:
+        view.note = f"a copy of {other}, which {who} works on"
+        return False
+    view.state = "stale"
+    view.error = (f"stale: a copy of {other}: its state.json, claim and train lock are that folder's ({who} works "
+                  f"there, not here); nothing trains this copy (nothing was written); a launch resumes it here")
+    return True
+
+
+def _claimant(claim: dict[str, Any]) -> str:
+    """``the launcher pid 12 on h`` / ``Slurm job 34`` for a claim record."""
+    if claim.get("scheduler") == "slurm" and claim.get("job_id"):
+        return f"Slurm job {claim['job_id']}"
+    return f"the launcher pid {claim.get('pid')} on {claim.get('host')}"
 
 
 # ------------------------------------------------------------------------------ dead or lost runs
@@ -469,7 +541,14 @@ def _not_requeued(run_dir: Path, view: RunView, claim: dict[str, Any] | None, st
         _record(run_dir, state="failed", error=view.error)
 
 
-def _age(seconds: float) -> str:
+def _future_note(ahead: float) -> str:
+    """Why a run whose files are dated ``ahead`` seconds in the future cannot be judged alive."""
+    return (f"but its files are dated {duration(ahead)} in the future (a clock ahead, or files copied with future times): "
+            f"whether it is alive cannot be told from them")
+
+
+def duration(seconds: float) -> str:
+    """A span of time for a line: ``40 s``, ``12 min``, ``3.5 h`` (negative as 0)."""
     seconds = max(0.0, seconds)
     if seconds < 120:
         return f"{seconds:.0f} s"
@@ -523,10 +602,14 @@ def _check_standalone(run_dir: Path, view: RunView, st: dict[str, Any], reconcil
     limit = max(STALE_AFTER_S, 20 * interval) if interval else STALE_AFTER_S
     age = time.time() - beat
     where = f"on {host}" if host else "on an unrecorded host"
-    if beat and age > limit:
+    if in_future(beat):
         view.state = "stale"
-        view.error = (f"stale: no update of state.json/metrics.jsonl for {_age(age)} (expected every "
-                      f"{_age(interval) if interval else '?'}); {'pid ' + str(pid) + ' ' if pid else ''}{where} "
+        view.error = (f"stale: state.json says running {where}, {_future_note(-age)}; nothing was written; if it died, "
+                      f"rerunning resumes from the last checkpoint")
+    elif beat and age > limit:
+        view.state = "stale"
+        view.error = (f"stale: no update of state.json/metrics.jsonl for {duration(age)} (expected every "
+                      f"{duration(interval) if interval else '?'}); {'pid ' + str(pid) + ' ' if pid else ''}{where} "
                       f"cannot be checked from here; if it died, rerunning resumes from the last checkpoint")
     elif host != here:
         view.note = f"running {where} (not checkable from here)"

@@ -71,7 +71,8 @@ def available_sweeps(sweeps_dir: Path = SWEEPS_DIR) -> list[str]:
     return sorted(p.stem for p in Path(sweeps_dir).glob("*.yaml"))
 
 
-def _sweep_path(name_or_path: str, sweeps_dir: Path) -> Path:
+def sweep_file(name_or_path: str, sweeps_dir: Path = SWEEPS_DIR) -> Path:
+    """The YAML file of a sweep given by name (``sweeps/<name>.yaml``) or path; ConfigError naming the choices."""
     p = Path(name_or_path)
     if p.suffix in {".yaml", ".yml"} and p.exists():
         return p
@@ -89,7 +90,7 @@ def load_sweep(name_or_path: str, overrides: list[str] | None = None, sweeps_dir
     ``overrides`` are OmegaConf dot-list edits of the sweep itself, e.g.
     ``["axes.precision=[bf16]", "fixed.optim.lr=0.001"]``. ``extends`` chains are merged first.
     """
-    path = _sweep_path(name_or_path, sweeps_dir)
+    path = sweep_file(name_or_path, sweeps_dir)
     raw = _load_chain(path, sweeps_dir, seen=())
     try:
         merged = OmegaConf.merge(OmegaConf.structured(SweepSpec), raw)
@@ -123,7 +124,7 @@ def _load_chain(path: Path, sweeps_dir: Path, seen: tuple[str, ...]) -> DictConf
         raise ConfigError(f"sweep {path.stem}: top level of {path} must be a mapping")
     parent = doc.get("extends")
     if parent:
-        base = _load_chain(_sweep_path(str(parent), sweeps_dir), sweeps_dir, seen + (str(path),))
+        base = _load_chain(sweep_file(str(parent), sweeps_dir), sweeps_dir, seen + (str(path),))
         base.pop("name", None)  # a child never inherits its parent's group folder
         # axes are replaced key by key; lists (include/exclude/values) are replaced, not appended
         doc = OmegaConf.merge(base, doc)
@@ -154,6 +155,11 @@ def _check(spec: SweepSpec) -> None:
     for key, values in spec.axes.items():
         if not isinstance(values, list) or not values:
             raise ConfigError(f"sweep {spec.name}: axes.{key} must be a non-empty list, got {values!r}")
+        shown = [_fmt(v) for v in values]
+        twice = next((v for i, v in enumerate(shown) if v in shown[:i]), None)
+        if twice is not None:  # [bf16, bf16] is a slip for two precisions, not a request for one run twice
+            raise ConfigError(f"sweep {spec.name}: axes.{key} lists {twice} twice ({_fmt(values)}); list each value "
+                              f"once")
     for i, entry in enumerate(spec.include):
         if not isinstance(entry, dict) or not entry:
             raise ConfigError(f"sweep {spec.name}: include[{i}] must be a mapping of overrides, got {entry!r}")
@@ -172,6 +178,11 @@ def expand(spec: SweepSpec) -> list[RunPoint]:
 
     Duplicates (an include equal to a grid point) are dropped; order is deterministic.
     """
+    return expand_named(spec)[0]
+
+
+def expand_named(spec: SweepSpec) -> tuple[list[RunPoint], list[str]]:
+    """:func:`expand`, and one line per dropped duplicate naming it and the earlier point it equals."""
     keys = list(spec.axes)
     points: list[dict[str, Any]] = []
     for combo in itertools.product(*(spec.axes[k] for k in keys)):
@@ -181,15 +192,18 @@ def expand(spec: SweepSpec) -> list[RunPoint]:
         points.append(values)
     points += [dict(entry) for entry in spec.include]
     runs: list[RunPoint] = []
-    seen: set[tuple[str, ...]] = set()
+    dropped: list[str] = []
+    seen: dict[tuple[str, ...], RunPoint] = {}
     for values in points:
         merged = {**spec.fixed, **values}
         overrides = tuple(f"{k}={_fmt(v)}" for k, v in merged.items())
+        point = RunPoint(values=values, overrides=overrides)
         if overrides in seen:
+            dropped.append(f"run [{point.label}] = run [{seen[overrides].label}]")
             continue
-        seen.add(overrides)
-        runs.append(RunPoint(values=values, overrides=overrides))
-    return runs
+        seen[overrides] = point
+        runs.append(point)
+    return runs, dropped
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -106,6 +106,21 @@ def missing_sweep_message(arg: str, name: str, root: Path, runs_dir_given: bool)
             f"{shown}; `quartet sweep NAME{runs_dir}` launches one of: {', '.join(launchable) or '(none)'}")
 
 
+def not_a_name(name: str) -> str | None:
+    """Why ``name`` is not a sweep name (a path, ``.``, ``..``), with the command meant; None for a name.
+
+    A sweep is named by its folder under the runs root; ``quartet status /etc`` must not list ``/etc`` as a sweep."""
+    from quartet.paths import is_folder_name
+
+    if is_folder_name(name):
+        return None
+    path = Path(name)
+    meant = (f"; for the runs under {path}: quartet status {path.resolve().name} --runs-dir {path.resolve().parent}"
+             if path.is_dir() and path.resolve().name else "")
+    return (f"{name!r} is a path, not a sweep name: give the sweep's name (its folder under the runs root, e.g. "
+            f"smoke) and the runs root with --runs-dir{meant}")
+
+
 def report_corrupt(views: list[runstate.RunView]) -> int:
     """Print one line (stderr) per run whose summary.json is corrupt or impossible (``invalid``: e.g. a negative
     val_loss); 1 when there is any, else 0."""
@@ -118,7 +133,7 @@ def report_corrupt(views: list[runstate.RunView]) -> int:
 
 def cli_main(argv: list[str] | None = None) -> int:
     """Entry point of ``quartet status``; exit code 1 when the sweep folder does not exist or a run's
-    summary.json is corrupt (named on stderr)."""
+    summary.json is corrupt (named on stderr), 2 when NAME is a path rather than a sweep name."""
     from rich.console import Console
     from rich.live import Live
 
@@ -127,6 +142,10 @@ def cli_main(argv: list[str] | None = None) -> int:
     args = _parser().parse_intermixed_args(argv)
     root = Path(args.runs_dir) if args.runs_dir else runs_root()
     name = Path(args.name).stem if args.name.endswith((".yaml", ".yml")) else args.name
+    why = not_a_name(name)
+    if why:
+        print(f"quartet status: error: {why}", file=sys.stderr)
+        return 2
     group = root / name
     console = Console(width=None if sys.stdout.isatty() else 200)
     if not group.is_dir():

@@ -30,6 +30,8 @@ from pathlib import Path
 from quartet.errors import QuartetError
 from quartet.paths import REPO_ROOT, runs_root
 
+#: ``quartet demo --quick``: the demo's smaller grid (sweeps/demo_quick.yaml, every run one of the demo's)
+QUICK_SWEEP = "demo_quick"
 #: The committed results of the one-GPU ladder (docs/ladder.md); the report quotes its headline from them.
 LADDER_RESULTS = REPO_ROOT / "benchmarks" / "results" / "ladder"
 
@@ -257,7 +259,7 @@ def _verdict_md(ladder: dict | None, study, scale: str = "") -> list[str]:
             "",
             "**What it can tell you**: that the pipeline measures noise before it claims an effect, and that a "
             "format as lossy as LUQ-INT4 costs loss visibly even at 10⁴–10⁵ parameters. **What it cannot**: "
-            f"quartet's or fp8's cost at real scale — {scale}, and a law fitted on nine tiny cells says nothing "
+            f"quartet's or fp8's cost at real scale — {scale}, and a law fitted on {study.base.n_points} tiny cells says nothing "
             "about 10⁸ parameters." + _gpu_ladder_sentence()]
     return out
 
@@ -426,11 +428,17 @@ def write_report(out: Path, res: dict, sweep: str, runs_dir: Path, seconds: floa
 def cli_main(argv: list[str] | None = None) -> int:
     """``quartet demo``: data → smoke sweep (local) → fit → figures + report; prints the report's path."""
     p = argparse.ArgumentParser(prog="quartet demo", description=__doc__.splitlines()[0])
-    p.add_argument("--sweep", default="demo", help="sweep to run locally (default: demo)")
-    p.add_argument("--runs-dir", type=Path, default=None, help="runs root (default: $QUARTET_RUNS or ./runs)")
-    p.add_argument("--out", type=Path, default=REPO_ROOT / "results" / "demo", help="results folder")
+    p.add_argument("--sweep", default=None, help="sweep to run locally (default: demo; any smaller grid of yours)")
+    p.add_argument("--quick", action="store_true",
+                   help=f"the smaller demo ({QUICK_SWEEP}: about 30%% of the compute, for a slow or busy machine)")
+    p.add_argument("--runs-dir", type=Path, default=None, help="runs root (default: $QUARTET_RUNS, else <checkout>/runs)")
+    p.add_argument("--out", type=Path, default=None, help="results folder (default: results/<sweep name>)")
     p.add_argument("--bootstrap", type=int, default=50, help="bootstrap resamples for the intervals (default 50)")
     args = p.parse_args(argv)
+    if args.quick and args.sweep:
+        p.error(f"--quick is the sweep {QUICK_SWEEP}; give --quick or --sweep, not both")
+    args.sweep = QUICK_SWEEP if args.quick else args.sweep or "demo"
+    args.out = args.out or REPO_ROOT / "results" / Path(args.sweep).stem
     runs_dir = args.runs_dir or runs_root()
     t0 = time.time()
     try:

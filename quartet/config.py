@@ -176,7 +176,7 @@ class RunConfig:
     name: str = "default"
     seed: int = 0
     data_seed: int = 1337
-    #: runs root; null = quartet.paths.runs_root() (QUARTET_RUNS or ./runs)
+    #: runs root; null = quartet.paths.runs_root() ($QUARTET_RUNS, else <checkout>/runs); docs/training.md
     out_dir: Optional[str] = None
     #: auto | cpu | cuda
     device: str = "auto"
@@ -757,6 +757,8 @@ def resolve(cfg: DictConfig, world_size: int = 1) -> ResolvedRun:
                                 ("run.parallel", r.get("parallel", "auto"), PARALLEL_CHOICES)):
         _require(value in allowed, f"{key}={value!r}: allowed: {', '.join(allowed)}")
     _require(0 < float(d.val_fraction) < 1, f"data.val_fraction={d.val_fraction}: allowed 0 < f < 1")
+    _require(int(r.threads) >= 0, f"run.threads={r.threads}: allowed 0 (the default number of torch threads) or a "
+             f"positive number of threads")
     _require(d.source != "files" or len(d.paths) > 0, "data.paths: source=files needs at least one file or folder")
     # source=code accepts empty paths (= this interpreter's libraries), but needs something to match.
     _require(d.source != "code" or (len(d.extensions) > 0 and all(str(e) for e in d.extensions)),

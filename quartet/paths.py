@@ -16,13 +16,19 @@ CONF_DIR = Path(os.environ.get("QUARTET_CONF", REPO_ROOT / "conf"))
 SWEEPS_DIR = Path(os.environ.get("QUARTET_SWEEPS", REPO_ROOT / "sweeps"))
 
 
+def is_folder_name(value) -> bool:
+    """Whether ``value`` names one folder (no ``/``, not ``.`` or ``..``), not a path."""
+    name = str(value)
+    return name not in ("", ".", "..") and not any(c in name for c in "/\\\0")
+
+
 def check_folder_name(key: str, value) -> None:
     """ConfigError (one line) unless ``value`` names one folder: runs land in ``<runs root>/<run.name>/<run id>``,
     and a name with ``/`` or ``..`` would put them outside the runs root (or on top of another sweep's runs)."""
     from quartet.errors import ConfigError
 
     name = str(value)
-    if name in ("", ".", "..") or any(c in name for c in "/\\\0"):
+    if not is_folder_name(name):
         raise ConfigError(f"{key}={name!r}: must be one folder name (no '/', not '.' or '..'), so that runs stay "
                           f"inside the runs root")
 

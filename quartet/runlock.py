@@ -153,12 +153,26 @@ def acquire(run_dir: Path | str, what: str = "run", retry_s: float = ACQUIRE_RET
                 os.close(fd)
                 raise refusal(what, holder, path) from None
             time.sleep(0.05)
+    # dir: a copy of the folder made while this process trains carries this record; status tells it is not its own
     record = {"pid": os.getpid(), "host": socket.gethostname(), "slurm_job_id": _slurm_job(),
               "job_id": os.environ.get(JOB_ENV) or None,
-              "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+              "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "dir": str(run_dir.resolve())}
     os.ftruncate(fd, 0)
     os.pwrite(fd, json.dumps(record).encode(), 0)
     return RunLock(path, fd, record)
+
+
+def last_record(run_dir: Path | str) -> dict[str, Any]:
+    """What the lock file says, whether or not it is held ({} when absent, empty or unreadable): the holder's record
+    while held, a killed holder's after, nothing after a clean release. Reads only (no lock probe)."""
+    try:
+        fd = os.open(Path(run_dir) / LOCK_FILE, os.O_RDONLY)
+    except OSError:
+        return {}
+    try:
+        return _read(fd)
+    finally:
+        os.close(fd)
 
 
 def holder(run_dir: Path | str) -> dict[str, Any] | None:

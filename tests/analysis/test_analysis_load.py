@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -202,3 +203,30 @@ def test_corrupt_config_or_metrics_of_a_finished_run_do_not_crash(tmp_path):
             (run / "metrics.jsonl").write_bytes(metrics)
     df = load_runs_dir(runs)
     assert sorted(df["run_id"]) == ["r0", "r1"] and set(df["loss"]) == {3.0}
+
+
+@pytest.mark.parametrize("edit,message", [
+    ({"precision": "quartet", "forward": "bf16", "backward": "bf16"},
+     "row 2 (row2): precision 'quartet' contradicts forward=bf16, backward=bf16 (forward = backward = bf16 is the base"),
+    ({"precision": "BF16", "forward": "quest", "backward": "bf16"},
+     "row 2 (row2): precision 'BF16' contradicts forward=quest, backward=bf16 (the base precision's rows have"),
+    ({"precision": "q", "forward": "quest", "backward": "sr_absmax"},
+     "row 2 (row2): precision 'q' has forward=quest, backward=sr_absmax, but row 1 gives it forward=quest, "
+     "backward=rtn_absmax; a precision has one pair of labels"),
+])
+def test_a_row_whose_precision_contradicts_its_labels_is_one_line(tmp_path, edit, message, capsys):
+    from analysis.cli import fit_main
+
+    rows = [{"n_params": 1e6, "tokens": 1e7, "forward": "bf16", "backward": "bf16", "precision": "bf16", "loss": 3.2},
+            {"n_params": 1e6, "tokens": 1e7, "forward": "quest", "backward": "rtn_absmax", "precision": "q",
+             "loss": 3.3},
+            {"n_params": 2e6, "tokens": 2e7, "forward": "quest", "backward": "rtn_absmax", "precision": "q",
+             "loss": 3.1}]
+    rows[2].update(edit)
+    path = tmp_path / "losses.csv"
+    pd.DataFrame(rows).to_csv(path, index=False)
+    with pytest.raises(AnalysisError, match=re.escape(message)):
+        load(path)
+    assert fit_main([str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err

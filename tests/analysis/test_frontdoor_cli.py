@@ -43,6 +43,8 @@ def test_headline_says_cost_for_a_data_cost_beside_a_parameter_gain():
 
 @pytest.mark.parametrize("argv,message", [
     (["--bootstrap", "-5"], "--bootstrap must be >= 0"),
+    (["--seed", "-1"], "--seed must be >= 0 (got -1)"),
+    (["--seed", "-1", "--bootstrap", "3"], "--seed must be >= 0 (got -1)"),
     (["--optimal", "1e20,abc"], "--optimal takes FLOPs"),
     (["--optimal", "1e20", "--speedup", "quartet:1.8"], "--speedup takes PRECISION=S"),
     (["--optimal", "1e20", "--speedup", "quartet=-2"], "--speedup takes PRECISION=S"),

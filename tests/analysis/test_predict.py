@@ -127,3 +127,30 @@ def test_refits_are_deterministic_for_a_seed_and_stable_under_last_bit_changes()
     pt = [Point(7e7, 7e7 * 70)]
     for x, y in zip(forecast(LawFit.from_report(a), pt), forecast(LawFit.from_report(c), pt)):
         assert y["interval"] == pytest.approx(x["interval"], rel=0.01)
+
+
+def _fit_json(tmp_path: Path, edit) -> Path:
+    d = json.loads((LADDER / "fit.json").read_text())
+    edit(d)
+    path = tmp_path / "fit.json"
+    path.write_text(json.dumps(d))
+    return path
+
+
+@pytest.mark.parametrize("make,message", [
+    (lambda t: _fit_json(t, lambda d: d.pop("schema_version")), "has no schema_version; this quartet reads fit JSONs "
+                                                                 "of schema_version 1; refit it"),
+    (lambda t: _fit_json(t, lambda d: d.update(schema_version=2)), "has schema_version 2; this quartet reads"),
+    (lambda t: (t / "cut.json").write_text((LADDER / "fit.json").read_text()[:500]) and t / "cut.json",
+     "not valid JSON (Unterminated string starting at: line"),
+    (lambda t: (t / "bin.json").write_bytes(b"\xff\xfe{}") and t / "bin.json", "not UTF-8 text"),
+    (lambda t: (t / "dir.json").mkdir() or t / "dir.json", "cannot be read (Is a directory)"),
+    (lambda t: t / "missing.json", "cannot be read (No such file or directory)"),
+    (lambda t: (t / "list.json").write_text("[1, 2]") and t / "list.json", "not a fit JSON of `quartet fit --json`"),
+])
+def test_predict_says_what_is_wrong_with_a_fit_json(make, message, tmp_path, capsys):
+    path = make(tmp_path)
+    assert predict_main([str(path), "--n", "5e7", "--dn", "5"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"quartet predict: {path}: ") and message in err and err.count("\n") == 1, err
+    assert "unsupported extension" not in err

@@ -67,6 +67,22 @@ def test_shipped_sweeps_load_and_sizes():
     assert sizes["paper_7b"] == 2
 
 
+def test_docs_list_every_shipped_sweep_with_its_size():
+    """docs/cluster.md's table of shipped sweeps: every file of sweeps/ once, with its number of runs (a sweep of
+    budget branches adds one trunk per group to its grid, which the plan builds)."""
+    import re
+
+    from cluster.spec import available_sweeps, branch_mode
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "cluster.md").read_text()
+    table = dict(re.findall(r"^\| `(\w+)` \| (\d+) \|", text.split("Shipped sweeps:")[1].split("\n\n")[1], re.M))
+    assert sorted(table) == available_sweeps()
+    for name, runs in table.items():
+        spec = load_sweep(name)
+        if branch_mode(spec.branches) != "trunk":
+            assert len(expand(spec)) == int(runs), name
+
+
 def test_sweep_errors_are_one_line(tmp_path):
     bad = write_sweep(tmp_path, "bad", "name: bad\naxes:\n  precision: bf16\n")
     with pytest.raises(ConfigError, match=r"axes.precision must be a non-empty list"):
@@ -105,7 +121,7 @@ def test_plan_ids_stable_and_dirs(tmp_path):
 
 
 def test_precision_variants_share_seeds(tmp_path):
-    body = TINY.replace("precision: [bf16]", "precision: [bf16, bf16]")  # ids dedupe; use seed check below
+    body = TINY.replace("precision: [bf16]", "precision: [bf16, fp8]")
     spec = load_sweep(str(write_sweep(tmp_path, "p", body)))
     plan = build_plan(spec, load_profile("local"), tmp_path / "runs")
     by_budget = {}

@@ -84,6 +84,7 @@ def test_accumulation_and_world_size():
     (["data.token_dtype=int8"], "data.token_dtype='int8': allowed: auto, uint16, uint32"),
     (["logging.wandb.mode=loud"], "logging.wandb.mode='loud': allowed: offline, online, disabled"),
     (["derived.steps=5"], "derived.steps=5: derived values are computed, never set"),
+    (["run.threads=-3"], "run.threads=-3: allowed 0 (the default number of torch threads) or a positive number of threads"),
 ])
 def test_bad_inputs_are_one_line_config_errors(overrides, needle):
     with pytest.raises(ConfigError) as info:
