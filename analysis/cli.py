@@ -37,6 +37,11 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="Huber threshold on log-loss residuals (default: the paper's 1e-4)")
     p.add_argument("--exclude", default=None, metavar="QUERY",
                    help="leave out runs matching a pandas query, e.g. \"steps < 500\" (listed as dropped, with the rule)")
+    p.add_argument("--min-params", type=float, default=None, metavar="N",
+                   help="the rung rule: leave out every run of a model size below N non-embedding parameters, where at "
+                        "least 3 base sizes remain (default 2e6; 0 keeps every rung); the fit with them is printed too")
+    p.add_argument("--pinned-width", type=float, default=None, metavar="W",
+                   help="the widest 95%% efficiency interval the verdicts call pinned (default 0.3; analysis.verdict)")
     p.add_argument("--start-grid", choices=("paper", "wide"), default="paper",
                    help="multi-start grid: the paper's (486 starts) or a wider one (3,072) for data far from its scale")
     p.add_argument("-v", "--verbose", action="store_true", help="log dropped runs and fit details")
@@ -52,6 +57,10 @@ def _check_common(args) -> None:
         raise AnalysisError(f"--seed must be >= 0 (got {args.seed})")
     if args.delta is not None and not args.delta > 0:
         raise AnalysisError(f"--delta must be positive (got {args.delta})")
+    if args.min_params is not None and not (math.isfinite(args.min_params) and args.min_params >= 0):
+        raise AnalysisError(f"--min-params must be >= 0 parameters (got {args.min_params:g})")
+    if args.pinned_width is not None and not args.pinned_width > 0:
+        raise AnalysisError(f"--pinned-width must be positive (got {args.pinned_width:g})")
     for flag, value in (("--at-n", args.at_n), ("--at-ratio", args.at_ratio)):
         if value is not None and not value > 0:
             raise AnalysisError(f"{flag} must be positive (got {value:g})")
@@ -74,7 +83,8 @@ def _load_and_fit(args):
     _check_common(args)
     df = load("paper" if args.paper else args.source)
     sel = None if args.selections == "none" else args.selections
-    extra = {"delta": args.delta} if args.delta is not None else {}
+    extra = {k: v for k, v in (("delta", args.delta), ("min_params", args.min_params),
+                                ("pinned_width", args.pinned_width)) if v is not None}
     report = fit_all(df, args.law, bootstrap=args.bootstrap, seed=args.seed, selections=sel, at_n=args.at_n,
                      at_ratio=args.at_ratio, progress=args.bootstrap > 0, replicates=args.replicates,
                      exclude=args.exclude, start_grid=args.start_grid, resample=args.resample, **extra)
@@ -142,20 +152,14 @@ def print_report(report, console=None) -> None:
     if b.status != "converged":
         console.print(f"[yellow]base fit flagged: {b.status}: {b.message}[/yellow]")
     if report.efficiencies:
-        e_t = Table(title="Efficiencies (base frozen)", title_justify="left")
-        for col in ("precision", "fitted", "effN", "effN 95%", "effD", "effD 95%", "points", "status"):
-            e_t.add_column(col)
-        for e in report.efficiencies:
-            ints = report.eff_intervals.get(e.scheme, {})
-            e_t.add_row(e.scheme, e.kind, f"{e.eff_n:.4f}", _iv(ints.get("eff_n"), "{:.3f}") if e.fits_n else "",
-                        f"{e.eff_d:.4f}", _iv(ints.get("eff_d"), "{:.3f}") if e.fits_d else "", str(e.n_points),
-                        e.status if e.status == "converged" else f"[yellow]{e.status}[/yellow]")
-        console.print(e_t)
+        _print_efficiencies(console, report, boot)
         for e in report.efficiencies:  # the reason beside every flag (an inherited one is the base's, printed above)
             if e.status != "converged" and not e.message.startswith("inherited"):
                 console.print(f"[yellow]{e.scheme}: {e.status}: {e.message}[/yellow]")
     if report.bootstrap.get("requested"):
         console.print(f"bootstrap: {report.bootstrap['used']}/{report.bootstrap['requested']} resamples used")
+    _print_consistency(console, report)
+    _print_rung_rule(console, report)
     for f in report.forecasts:
         if f.mean_abs_rel_error == f.mean_abs_rel_error:  # not NaN
             console.print(f"forecast {f.name}: mean |rel. error| {f.mean_abs_rel_error:.2%}, max "
@@ -168,9 +172,93 @@ def print_report(report, console=None) -> None:
         for h in report.headlines:
             console.print(f"• {h['text']}")
     if report.dropped:
-        console.print(f"dropped {len(report.dropped)} run(s):")
+        # the rung rule's runs in one line (its reason is the same for all of them and printed above)
+        by_rule = [d for d in report.dropped if d["reason"].startswith("rung rule:")]
+        console.print(f"dropped {len(report.dropped)} run(s)" + (f", {len(by_rule)} of them by the rung rule" if by_rule
+                                                                 else "") + ":")
         for d in report.dropped:
-            console.print(f"  - {d['run_id']}: {d['reason']}")
+            if d not in by_rule:
+                console.print(f"  - {d['run_id']}: {d['reason']}")
+
+
+def _print_efficiencies(console, report, boot: bool) -> None:
+    """The efficiency table: points, both interval kinds with their verdicts (analysis.verdict), status."""
+    from rich.table import Table
+
+    from analysis.verdict import INTERVAL_KINDS
+
+    e_t = Table(title="Efficiencies (stage 2; forward-only runs fit effN alone, backward-only runs effD alone)",
+                title_justify="left")
+    cols = ["precision", "fitted", "effN", "effD"]
+    if boot:
+        cols += ["effN 95% full", "effN 95% base fixed", "effD 95% full", "effD 95% base fixed"]
+    for col in cols + ["points", "status"]:
+        e_t.add_column(col)
+
+    def cell(iv, v) -> str:
+        return "" if iv is None else f"{_iv(iv, '{:.3f}')} {v}"
+
+    for e in report.efficiencies:
+        row = [e.scheme, e.kind, f"{e.eff_n:.4f}" if e.fits_n else "1", f"{e.eff_d:.4f}" if e.fits_d else "1"]
+        if boot:
+            ints, verdicts = report.intervals(e.scheme), report.verdicts(e.scheme)
+            for key in ("eff_n", "eff_d"):
+                row += [cell(ints[kind][key], verdicts.get(key, {}).get(kind, "")) for kind in ("full", "base_fixed")]
+        row += [str(e.n_points), e.status if e.status == "converged" else f"[yellow]{e.status}[/yellow]"]
+        e_t.add_row(*row)
+    console.print(e_t)
+    if boot:
+        console.print(f"intervals: full = {INTERVAL_KINDS['full']}; base fixed = {INTERVAL_KINDS['base_fixed']}. "
+                      f"pinned = off the bounds and narrower than {report.pinned_width:g} (analysis.verdict)")
+
+
+def _print_consistency(console, report) -> None:
+    """Each combined recipe's gap against its halves' prediction (the Quartet paper's consistency check)."""
+    if not report.consistency:
+        return
+    from rich.table import Table
+
+    t = Table(title="Consistency: each recipe's gap to the base law against the gap its forward-only effN and "
+                    "backward-only effD predict together (nats, mean over its cells)", title_justify="left")
+    for col in ("recipe", "effN (fwd-only)", "effD (bwd-only)", "cells", "observed gap", "predicted gap",
+                "discrepancy [95%]", "verdict"):
+        t.add_column(col)
+    for c in report.consistency:
+        iv = _iv(c["interval"], "{:+.3f}")
+        t.add_row(c["recipe"], f"{c['eff_n']:.3f} ({c['forward_only']})", f"{c['eff_d']:.3f} ({c['backward_only']})",
+                  str(c["cells"]), f"{c['observed_gap']:+.4f}", f"{c['predicted_gap']:+.4f}",
+                  f"{c['discrepancy']:+.4f} {iv}".strip(),
+                  c["verdict"] if c["verdict"] != "inconsistent" else f"[yellow]{c['verdict']}[/yellow]")
+    console.print(t)
+    if any(c["interval"] is None for c in report.consistency):
+        console.print("consistency verdicts need the bootstrap's intervals: run with --bootstrap N")
+
+
+def _print_rung_rule(console, report) -> None:
+    """What the rung rule did and, where it excluded rungs, the fit with them kept beside the reported one."""
+    rule = report.rung_rule
+    if not rule or rule.get("note") in ("off", None) or rule["note"].startswith("no base model size"):
+        return
+    console.print(f"rung rule (min_params {rule['min_params']:.3g}): {rule['note']}"
+                  + (f"; {rule['excluded_runs']} run(s) left out" if rule["applied"] else ""))
+    kept = rule.get("with_excluded")
+    if not kept:
+        return
+    from rich.table import Table
+
+    t = Table(title="The fit without and with the excluded rung(s) (points; the reported fit is the first)",
+                title_justify="left")
+    for col in ("", "fit", *report.base.params, "status"):
+        t.add_column(col)
+    t.add_row("base", "rule applied", *(f"{v:.4g}" for v in report.base.params.values()), report.base.status)
+    t.add_row("", "every rung", *(f"{kept['base']['params'][k]:.4g}" for k in report.base.params),
+              kept["base"]["status"])
+    console.print(t)
+    for e in report.efficiencies:
+        k = kept["efficiencies"].get(e.scheme)
+        if k is not None:
+            console.print(f"  {e.scheme}: effN {e.eff_n:.3f} -> {k['eff_n']:.3f}, effD {e.eff_d:.3f} -> "
+                          f"{k['eff_d']:.3f} with every rung ({k['status']})")
 
 
 def fit_main(argv: list[str] | None = None) -> int:

@@ -50,11 +50,6 @@ EFF_BOUNDS = (1e-5, 4.0)
 EFF_IMPLAUSIBLE = 0.05
 
 
-def eff_interval_at_bound(interval) -> bool:
-    """Whether an efficiency's bootstrap interval ``(lo, hi)`` reaches :data:`EFF_BOUNDS` (within 1%): the data do not
-    confine it, and the fit is flagged ``hit_bound``."""
-    lo, hi = interval
-    return lo <= EFF_BOUNDS[0] * 1.01 or hi >= EFF_BOUNDS[1] * 0.99
 #: Status values of every fit result.
 STATUSES = ("converged", "hit_bound", "not_identified", "too_few_points", "failed")
 

@@ -1,8 +1,11 @@
 """One call from a tidy DataFrame to everything a user asks of a fit: :func:`fit_all` → :class:`FitReport`.
 
-The report holds the stage-1 base fit, a stage-2 efficiency fit per precision, bootstrap intervals
+The report holds the stage-1 base fit, a stage-2 efficiency fit per precision, bootstrap intervals of two kinds
 (resampling runs — whole cells, every precision together, when the design is paired — and refitting base
-and efficiencies together so the base's uncertainty propagates),
+and efficiencies together so the base's uncertainty propagates; and the efficiencies refitted on the same resamples
+with the base law held at its fit: :data:`analysis.verdict.INTERVAL_KINDS`) with their verdicts
+(:mod:`analysis.verdict`), the consistency check of every combined recipe against its forward-only effN and
+backward-only effD (:func:`half_pairs`), the rung rule (:func:`rung_rule`) with the fit it changes,
 leave-largest-model-out and leave-largest-budget-out forecast errors, the headline per precision,
 the dropped runs with reasons and the provenance (inputs, code version, law, options).
 """
@@ -14,7 +17,7 @@ import logging
 import re
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -23,11 +26,12 @@ import pandas as pd
 from analysis.errors import AnalysisError
 import dataclasses
 
-from analysis.fit import (E_FLOOR_FRACTION, EFF_BOUNDS, EXPONENT_BOX, BaseFit, EffFit, HUBER_DELTA,
-                          eff_interval_at_bound, fit_base, fit_efficiency, identification, scheme_kind)
+from analysis.fit import (E_FLOOR_FRACTION, EFF_BOUNDS, EXPONENT_BOX, BaseFit, EffFit, HUBER_DELTA, fit_base,
+                          fit_efficiency, identification, scheme_kind)
 from analysis.laws import PARAM_NAMES, Law, get_law, predict
 from analysis.load import BASE_LABEL
 from analysis.speed import headline
+from analysis.verdict import INTERVAL_KINDS, PINNED_WIDTH, at_bound, verdict
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +102,15 @@ class FitReport:
     #: derived quantity (e.g. :meth:`compute_optimal`, ``quartet predict``) come from them; serialised compactly as
     #: ``bootstrap.draws`` (:func:`draws_to_dict`)
     samples: tuple = ()
+    #: scheme -> {"eff_n": (lo, hi), "eff_d": (lo, hi)}: 95% intervals with the base law held at its fit (the
+    #: ``base_fixed`` kind of :data:`~analysis.verdict.INTERVAL_KINDS`; ``eff_intervals`` is the ``full`` kind)
+    eff_intervals_base_fixed: dict = field(default_factory=dict)
+    #: one row per combined recipe whose forward-only and backward-only halves were fitted (:func:`consistency`)
+    consistency: tuple = ()
+    #: what the rung rule did (:func:`rung_rule`) and, where it excluded rungs, the fit with them
+    rung_rule: dict = field(default_factory=dict)
+    #: the widest interval the verdicts call pinned (:data:`analysis.verdict.PINNED_WIDTH`)
+    pinned_width: float = PINNED_WIDTH
 
     def eff(self, scheme: str) -> EffFit:
         """The efficiency fit of a scheme by its label (or ``forward:backward``)."""
@@ -105,6 +118,25 @@ class FitReport:
             if scheme in (e.scheme, f"{e.forward}:{e.backward}"):
                 return e
         raise AnalysisError(f"no efficiency fit for {scheme!r}; have: {', '.join(e.scheme for e in self.efficiencies)}")
+
+    def intervals(self, scheme: str) -> dict:
+        """``{kind: {"eff_n": (lo, hi) | None, "eff_d": (lo, hi) | None}}`` for both interval kinds of a fitted
+        precision (None for the efficiency it does not fit, or without a bootstrap)."""
+        e = self.eff(scheme)
+        out = {}
+        for kind, ints in (("full", self.eff_intervals), ("base_fixed", self.eff_intervals_base_fixed)):
+            got = ints.get(e.scheme, {})
+            out[kind] = {"eff_n": got.get("eff_n") if e.fits_n else None,
+                         "eff_d": got.get("eff_d") if e.fits_d else None}
+        return out
+
+    def verdicts(self, scheme: str) -> dict:
+        """``{"eff_n": {kind: verdict}, "eff_d": {...}}`` (:func:`analysis.verdict.verdict`) for the efficiencies the
+        precision fits, under both interval kinds."""
+        e = self.eff(scheme)
+        ints = self.intervals(scheme)
+        return {key: {kind: verdict(ints[kind][key], self.pinned_width, point) for kind in ints}
+                for key, point, fits in (("eff_n", e.eff_n, e.fits_n), ("eff_d", e.eff_d, e.fits_d)) if fits}
 
     def compute_optimal(self, flops, speedups: dict | None = None) -> list[dict]:
         """Per precision (the base included) and budget: the compute-optimal N, D, D/N and loss from the fitted law
@@ -142,16 +174,19 @@ class FitReport:
         effs = []
         for e in self.efficiencies:
             d = e.to_dict()
-            ints = self.eff_intervals.get(e.scheme, {})
-            d["eff_n_interval"] = iv(ints.get("eff_n")) if e.fits_n else None
-            d["eff_d_interval"] = iv(ints.get("eff_d")) if e.fits_d else None
+            ints = self.intervals(e.scheme)
+            for key in ("eff_n", "eff_d"):
+                d[f"{key}_interval"] = iv(ints["full"][key])
+                d[f"{key}_interval_base_fixed"] = iv(ints["base_fixed"][key])
+            d["verdicts"] = self.verdicts(e.scheme)
             effs.append(d)
         base = self.base.to_dict()
         base["intervals"] = {k: iv(v) for k, v in self.base_intervals.items()}
-        boot = dict(self.bootstrap)
+        boot = dict(self.bootstrap, interval_kinds=dict(INTERVAL_KINDS), pinned_width=self.pinned_width)
         if self.samples:
             boot["draws"] = draws_to_dict(self.samples)
         return {"schema_version": SCHEMA_VERSION, "base": base, "efficiencies": effs, "bootstrap": boot,
+                "consistency": [dict(c) for c in self.consistency], "rung_rule": dict(self.rung_rule),
                 "forecasts": [f.to_dict() for f in self.forecasts], "headlines": list(self.headlines),
                 "dropped": list(self.dropped), "provenance": dict(self.provenance), "seconds": self.seconds}
 
@@ -330,7 +365,7 @@ def _interval_checks(base: BaseFit, effs: list, base_int: dict, eff_int: dict, m
         ints = eff_int.get(e.scheme, {})
         if e.status == "converged":
             touching = [k for k, fits in (("eff_n", e.fits_n), ("eff_d", e.fits_d)) if fits and k in ints
-                        and eff_interval_at_bound(ints[k])]
+                        and at_bound(ints[k])]
             if touching:
                 e = dataclasses.replace(e, status="hit_bound", message=(
                     f"the 95% bootstrap interval of {' and '.join(touching)} reaches its bound {EFF_BOUNDS}"))
@@ -387,11 +422,116 @@ def _residuals(base: BaseFit, effs: list, base_df: pd.DataFrame, groups) -> tupl
     return split(base_df["n_params"], base_df["tokens"], base_df["loss"], len(base.free)), out
 
 
+#: The rung rule's default: model sizes (rungs) below this many non-embedding parameters are left out of the fit.
+#: On the project's ladders the 1.0M rung does not follow the law (its runs end inside a sharp drop of the loss; bf16
+#: residual -0.22 nats at D/N 20, RMS 0.12 against 0.07 / 0.02 / 0.008 at 3.4M / 7.1M / 20.5M): docs/analysis.md.
+MIN_PARAMS = 2e6
+#: The rung rule applies only where it leaves at least this many base model sizes (the law needs them to separate N
+#: from D); with fewer (a run of tiny models, the demo) every rung is kept and the report says why.
+RUNG_RULE_MIN_SIZES = 3
+
+
+def rung_rule(df: pd.DataFrame, min_params: float | None = MIN_PARAMS,
+              base_label: str = BASE_LABEL) -> tuple[pd.DataFrame, dict]:
+    """The rows the fit keeps under the rung rule, and what the rule did: every run (any precision) of a model size
+    below ``min_params`` non-embedding parameters is left out, listed among the dropped runs with the rule as the
+    reason, provided at least :data:`RUNG_RULE_MIN_SIZES` base sizes remain. ``min_params`` 0 or None: no rule.
+
+    Returns ``(rows, info)`` with ``info = {"min_params", "applied", "excluded_sizes", "excluded_runs", "note"}``."""
+    min_params = float(min_params or 0.0)
+    info = {"min_params": min_params, "applied": False, "excluded_sizes": [], "excluded_runs": 0, "note": ""}
+    sizes = sorted(set(base_rows(df, base_label)["n_params"].astype(float)))
+    below = [n for n in sizes if n < min_params]
+    if not min_params:
+        info["note"] = "off"
+        return df, info
+    if not below:
+        info["note"] = f"no base model size below {min_params:.3g}"
+        return df, info
+    left = len(sizes) - len(below)
+    if left < RUNG_RULE_MIN_SIZES:
+        info["note"] = (f"not applied: excluding the {len(below)} size(s) below {min_params:.3g} would leave {left} base "
+                        f"size(s) (< {RUNG_RULE_MIN_SIZES})")
+        return df, info
+    hit = df[df["n_params"].astype(float) < min_params]
+    attrs = dict(df.attrs)
+    kept = df.drop(index=hit.index)
+    kept.attrs = {**attrs, "dropped": list(attrs.get("dropped", ())) + [
+        {"run_id": str(r), "reason": f"rung rule: N = {n:.3g} < min_params {min_params:.3g} (the law does not fit "
+                                     f"the smallest rungs: docs/analysis.md)"}
+        for r, n in zip(hit["run_id"], hit["n_params"])]}
+    info.update(applied=True, excluded_sizes=below, excluded_runs=int(len(hit)),
+                note=f"excluded {len(below)} size(s) below {min_params:.3g}: {', '.join(f'{n:.3g}' for n in below)}")
+    return kept, info
+
+
+#: The names quartet gives a recipe's forward-only and backward-only variants (``quartet.quant.config.HALVES``;
+#: analysis/ imports no quartet.quant, a test checks that the two agree).
+HALF_SUFFIXES = {"forward": "_fwd", "backward": "_bwd"}
+
+
+def half_pairs(groups) -> list[tuple[str, str, str]]:
+    """``(combined, forward-only, backward-only)`` precision labels for every combined (joint) precision whose two
+    halves were run: the forward-only precision with its forward label and the backward-only one with its backward
+    label. Where several share the label, the one named ``<combined>_fwd`` (``_bwd``) is taken, else none (ambiguous)."""
+    kinds = {kind: [(label, fw, bw) for label, fw, bw, k, _ in groups if k == kind]
+             for kind in ("joint", "forward", "backward")}
+
+    def match(name: str, want: str, half: str) -> str | None:
+        idx = 1 if half == "forward" else 2
+        found = [c[0] for c in kinds[half] if c[idx] == want]
+        named = [c for c in found if c == name + HALF_SUFFIXES[half]]
+        return named[0] if named else (found[0] if len(found) == 1 else None)
+
+    out = []
+    for name, fw, bw in kinds["joint"]:
+        f, b = match(name, fw, "forward"), match(name, bw, "backward")
+        if f and b:
+            out.append((name, f, b))
+    return out
+
+
+def half_discrepancy(params: dict, rows: pd.DataFrame, eff_n: float, eff_d: float) -> float:
+    """Mean over the combined recipe's ``rows`` of the observed loss minus the law's prediction from the halves'
+    efficiencies, L(N·effN, D·effD) (nats): 0 when the two halves' costs add up to the recipe's."""
+    n, d = rows["n_params"].to_numpy(float), rows["tokens"].to_numpy(float)
+    return float(np.mean(rows["loss"].to_numpy(float) - predict(params, n, d, eff_n, eff_d)))
+
+
+def consistency(base: BaseFit, effs: list, groups, pairs, draws: dict | None = None) -> list[dict]:
+    """The Quartet paper's consistency check: each combined recipe's gap to the base law against the gap that its
+    forward-only effN and backward-only effD predict together. One row per pair of :func:`half_pairs`: ``eff_n``
+    (from the forward-only runs), ``eff_d`` (backward-only), ``cells``, ``observed_gap`` and ``predicted_gap`` (mean
+    over the recipe's cells of L_obs − L(N, D) and L(N·effN, D·effD) − L(N, D), nats), ``discrepancy`` (their
+    difference) with its 95% bootstrap ``interval`` (``draws``: pair -> per-resample discrepancies, base and halves
+    refitted on each) and ``verdict``: ``consistent`` (the interval holds 0), ``inconsistent``, or ``no interval``."""
+    by_label = {e.scheme: e for e in effs}
+    rows_of = {label: rows for label, *_, rows in groups}
+    out = []
+    for name, f, b in pairs:
+        en, ed = by_label[f].eff_n, by_label[b].eff_d
+        if not (np.isfinite(en) and np.isfinite(ed)):
+            continue
+        rows = rows_of[name]
+        n, d = rows["n_params"].to_numpy(float), rows["tokens"].to_numpy(float)
+        base_loss = predict(base.params, n, d)
+        observed = float(np.mean(rows["loss"].to_numpy(float) - base_loss))
+        predicted = float(np.mean(predict(base.params, n, d, en, ed) - base_loss))
+        vals = np.array([v for v in (draws or {}).get(name, []) if np.isfinite(v)])
+        iv = tuple(float(x) for x in np.percentile(vals, [2.5, 97.5])) if len(vals) >= 10 else None
+        verdict_ = "no interval" if iv is None else ("consistent" if iv[0] <= 0.0 <= iv[1] else "inconsistent")
+        out.append({"recipe": name, "forward_only": f, "backward_only": b, "eff_n": float(en), "eff_d": float(ed),
+                    "cells": int(len(rows)), "observed_gap": observed, "predicted_gap": predicted,
+                    "discrepancy": observed - predicted, "interval": iv, "verdict": verdict_})
+    return out
+
+
 def fit_all(df: pd.DataFrame, law: str = "busbridge", *, bootstrap: int = 0, seed: int = 0,
             selections: dict | str | None = "auto", base_label: str = BASE_LABEL, delta: float = HUBER_DELTA,
             at_n: float | None = None, at_ratio: float | None = None, forecasts: bool = True,
             progress: bool = False, replicates: str = "mean", exclude: str | None = None,
-            start_grid: str = "paper", resample: str = "cells") -> FitReport:
+            start_grid: str = "paper", resample: str = "cells", min_params: float | None = MIN_PARAMS,
+            pinned_width: float = PINNED_WIDTH) -> FitReport:
     """Fit the base law and every precision's efficiencies; bootstrap, forecasts, headlines, provenance.
 
     ``selections``: ``"auto"`` applies :data:`PAPER_SELECTIONS` to the bundled paper grid only,
@@ -411,8 +551,15 @@ def fit_all(df: pd.DataFrame, law: str = "busbridge", *, bootstrap: int = 0, see
     as run) and redraws each point's log-residual from the fit's residuals — the bootstrap of a designed
     experiment (Efron & Tibshirani 1993, §9.5) — with a cell's base and precision residuals drawn together on a
     paired design; it assumes the law's form is right and the log-noise is alike across cells.
+    ``min_params``: the rung rule (:func:`rung_rule`; 0 or None: off). Where it excludes rungs, the report's
+    ``rung_rule["with_excluded"]`` holds the point fit with them kept (no bootstrap), for comparison.
+    ``pinned_width``: the widest interval the verdicts call pinned (:mod:`analysis.verdict`).
+    With ``bootstrap``, every efficiency gets two intervals from the same resamples (``eff_intervals``: base law
+    refitted; ``eff_intervals_base_fixed``: base law held at its fit), and every combined recipe whose halves were
+    run its consistency check (:func:`consistency`).
     """
     t0 = time.perf_counter()
+    asked = {"selections": selections, "replicates": replicates, "start_grid": start_grid}  # for the rung comparison
     if replicates not in REPLICATE_MODES:
         raise AnalysisError(f"replicates must be one of {', '.join(REPLICATE_MODES)} (got {replicates!r})")
     lw = law if isinstance(law, Law) else get_law(law)
@@ -439,6 +586,8 @@ def fit_all(df: pd.DataFrame, law: str = "busbridge", *, bootstrap: int = 0, see
         df = df.drop(index=hit.index)
         df.attrs = {**attrs, "dropped": list(attrs.get("dropped", ())) + [
             {"run_id": str(r), "reason": f"excluded by the rule {exclude!r}"} for r in hit["run_id"]]}
+    before_rule = df
+    df, rule = rung_rule(df, min_params, base_label)
     n_runs = len(df)
     if replicates == "mean":
         df = average_replicates(df.assign(precision=df["precision"].fillna("")))
@@ -475,6 +624,10 @@ def fit_all(df: pd.DataFrame, law: str = "busbridge", *, bootstrap: int = 0, see
     # ---- bootstrap: resample cells (paired design) or each precision's runs apart, refit everything.
     rng = np.random.default_rng(seed)
     boot_base, boot_eff = [], {e.scheme: [] for e in effs}
+    boot_fixed = {e.scheme: [] for e in effs}  # the same resamples, the base law held at its fit
+    pairs = half_pairs(groups)
+    boot_disc: dict = {name: [] for name, _, _ in pairs}
+    full_base = base
     samples: list = []
     used = 0
     it = range(bootstrap)
@@ -505,6 +658,7 @@ def fit_all(df: pd.DataFrame, law: str = "busbridge", *, bootstrap: int = 0, see
         used += 1
         boot_base.append([b.params[p] for p in PARAM_NAMES])
         samples.append((dict(b.params), {}))
+        drawn = {}
         for e, (label, fw, bw, kind, rows), pos in zip(effs, groups, by_cell):
             if not np.isfinite(e.eff_n) or len(rows) == 0:
                 continue
@@ -527,20 +681,35 @@ def fit_all(df: pd.DataFrame, law: str = "busbridge", *, bootstrap: int = 0, see
             try:
                 be = fit_efficiency(b, r["n_params"], r["tokens"], r["loss"], kind, delta=delta,
                                     starts=[(e.eff_n, e.eff_d)])
+                bf = fit_efficiency(full_base, r["n_params"], r["tokens"], r["loss"], kind, delta=delta,
+                                    starts=[(e.eff_n, e.eff_d)])
             except AnalysisError:
                 continue
             boot_eff[label].append((be.eff_n, be.eff_d))
+            boot_fixed[label].append((bf.eff_n, bf.eff_d))
             samples[-1][1][label] = (be.eff_n, be.eff_d)
-    base_int, eff_int = {}, {}
+            drawn[label] = r
+        for name, f, bw_label in pairs:  # the halves' prediction of the combined recipe, all refitted on this resample
+            got = samples[-1][1]
+            if name in drawn and f in got and bw_label in got:
+                boot_disc[name].append(half_discrepancy(b.params, drawn[name], got[f][0], got[bw_label][1]))
+
+    def percentiles(draws: dict) -> dict:
+        out = {}
+        for label, vals in draws.items():
+            if vals:
+                v = np.array(vals)
+                out[label] = {"eff_n": tuple(np.percentile(v[:, 0], [2.5, 97.5])),
+                              "eff_d": tuple(np.percentile(v[:, 1], [2.5, 97.5]))}
+        return out
+
+    base_int = {}
     if boot_base:
         arr = np.array(boot_base)
         for i, p in enumerate(PARAM_NAMES):
             base_int[p] = tuple(np.percentile(arr[:, i], [2.5, 97.5]))
-        for label, vals in boot_eff.items():
-            if vals:
-                v = np.array(vals)
-                eff_int[label] = {"eff_n": tuple(np.percentile(v[:, 0], [2.5, 97.5])),
-                                  "eff_d": tuple(np.percentile(v[:, 1], [2.5, 97.5]))}
+    eff_int, eff_fixed = percentiles(boot_eff), percentiles(boot_fixed)
+    checks = consistency(full_base, effs, groups, pairs, boot_disc)
     base, effs = _interval_checks(base, effs, base_int, eff_int, float(base_df["loss"].min()))
     if bootstrap and used < bootstrap:
         log.info("bootstrap: %d of %d resamples were usable (others had too few distinct points)", used, bootstrap)
@@ -572,7 +741,7 @@ def fit_all(df: pd.DataFrame, law: str = "busbridge", *, bootstrap: int = 0, see
         "code": code_version(), "law": lw.name, "law_form": lw.description,
         "options": {"huber_delta": delta, "bootstrap": bootstrap, "seed": seed, "base_label": base_label,
                     "replicates": replicates, "runs": n_runs, "points": len(df), "exclude": exclude,
-                    "start_grid": start_grid,
+                    "start_grid": start_grid, "min_params": rule["min_params"], "pinned_width": pinned_width,
                     "bootstrap_resamples": _resample_label(resample, paired=cells is not None),
                     "selections": {f"{k[0]}:{k[1]}": v for k, v in (selections or {}).items()},
                     "starts": int(base.multistart.n_starts), "headline_at": {"n": ref_n, "ratio": at_ratio}},
@@ -581,10 +750,18 @@ def fit_all(df: pd.DataFrame, law: str = "busbridge", *, bootstrap: int = 0, see
                        "ratio_max": float((base_df["tokens"] / base_df["n_params"]).max())},
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
+    if rule["applied"]:  # the same fit with the excluded rungs kept (points only): what the rule changes
+        kept = fit_all(before_rule, lw, selections=asked["selections"], base_label=base_label, delta=delta,
+                       forecasts=False, replicates=asked["replicates"], start_grid=asked["start_grid"], min_params=0)
+        rule["with_excluded"] = {
+            "base": {"params": dict(kept.base.params), "status": kept.base.status, "n_points": kept.base.n_points},
+            "efficiencies": {e.scheme: {"kind": e.kind, "eff_n": e.eff_n, "eff_d": e.eff_d, "status": e.status}
+                             for e in kept.efficiencies}}
     return FitReport(base=base, efficiencies=tuple(effs), base_intervals=base_int, eff_intervals=eff_int,
                      bootstrap={"requested": bootstrap, "used": used, "seed": seed, "resample": resample}, forecasts=tuple(fc),
                      headlines=heads, dropped=tuple(df.attrs.get("dropped", ())), provenance=provenance,
-                     seconds=time.perf_counter() - t0, samples=tuple(samples))
+                     seconds=time.perf_counter() - t0, samples=tuple(samples), eff_intervals_base_fixed=eff_fixed,
+                     consistency=tuple(checks), rung_rule=rule, pinned_width=pinned_width)
 
 
 def seed_noise_log(df: pd.DataFrame, base_label: str = BASE_LABEL) -> float:

@@ -6,7 +6,8 @@ parameters and each recipe's point effN / effD) on the one-GPU ladder's 15 bf16 
 as run) and on a candidate design's recipe cells, draws every run's loss with noise, fits the simulated table with the
 project's own `quartet fit` code (:func:`analysis.report.fit_all`: base law, one efficiency fit per recipe, the paired
 cell bootstrap) and reports, per design, how often each recipe's effN / effD 95% interval stays off the efficiency
-bounds (1e-5, 4) ("pinned": the check `quartet fit` flags as hit_bound when it fails), the median interval widths,
+bounds (1e-5, 4) and is narrower than a stated width ("pinned": the rule of :mod:`analysis.verdict`, ``--width``), the
+median interval widths,
 how often the interval holds the planted value, and the GPU cost of the design's added runs. Every design sees the
 same draws at the cells it shares with another (common random numbers), so designs differ only by what they add.
 
@@ -45,7 +46,7 @@ import pandas as pd
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from analysis.fit import EFF_BOUNDS, EFF_IMPLAUSIBLE, eff_interval_at_bound  # noqa: E402
+from analysis.verdict import PINNED_WIDTH, pinned  # noqa: E402
 from analysis.laws import predict  # noqa: E402
 from analysis.report import fit_all  # noqa: E402
 
@@ -176,15 +177,11 @@ def simulate_table(seed, cells: pd.DataFrame, design: list, base: dict, effs: di
 NOISE_MODELS = {"seed": noise_sds, "misfit": misfit_sds}
 
 
-def _off_bounds(iv) -> bool:
-    """An interval that exists and that `quartet fit` would not flag hit_bound."""
-    return bool(np.isfinite(iv).all()) and not eff_interval_at_bound(iv)
-
-
 def simulate(design: list, *, reps: int, bootstrap: int, seed: int = 0, noise: str = "seed", noise_scale: float = 1.0,
-             effs: dict | None = None, cells: pd.DataFrame | None = None) -> pd.DataFrame:
+             effs: dict | None = None, cells: pd.DataFrame | None = None, width: float = PINNED_WIDTH) -> pd.DataFrame:
     """Fit ``reps`` simulated tables of ``CURRENT + design``; one row per (rep, recipe) with intervals and flags.
-    ``noise``: ``seed`` (the measured seed sds, per run) or ``misfit`` (the committed fit's residuals, per cell)."""
+    ``noise``: ``seed`` (the measured seed sds, per run) or ``misfit`` (the committed fit's residuals, per cell);
+    ``width``: the pinned rule's widest interval (:mod:`analysis.verdict`)."""
     base, fitted = planted()
     effs = effs or fitted
     cells = ladder_cells() if cells is None else cells
@@ -202,17 +199,17 @@ def simulate(design: list, *, reps: int, bootstrap: int, seed: int = 0, noise: s
         for name, (en, ed) in effs.items():
             e = fit.eff(name)
             iv = fit.eff_intervals.get(name, {"eff_n": (np.nan, np.nan), "eff_d": (np.nan, np.nan)})
-            point_ok = bool(EFF_IMPLAUSIBLE <= min(e.eff_n, e.eff_d) and max(e.eff_n, e.eff_d) < EFF_BOUNDS[1] * 0.99)
+            pin_n = pinned(iv["eff_n"], width, e.eff_n)
             out.append(dict(rep=rep, recipe=name, true_effN=en, true_effD=ed, effN=e.eff_n, effD=e.eff_d,
                             effN_lo=iv["eff_n"][0], effN_hi=iv["eff_n"][1], effD_lo=iv["eff_d"][0],
-                            effD_hi=iv["eff_d"][1], pinned_N=point_ok and _off_bounds(iv["eff_n"]),
-                            pinned_ND=point_ok and _off_bounds(iv["eff_n"]) and _off_bounds(iv["eff_d"]),
+                            effD_hi=iv["eff_d"][1], pinned_N=pin_n,
+                            pinned_ND=pin_n and pinned(iv["eff_d"], width, e.eff_d),
                             covers_N=bool(iv["eff_n"][0] <= en <= iv["eff_n"][1]),
                             base_E_at_0=bool(e_lo < 1e-3), boot_used=fit.bootstrap["used"]))
     return pd.DataFrame(out)
 
 
-def real_check(design: list, bootstrap: int, seed: int = 0) -> pd.DataFrame:
+def real_check(design: list, bootstrap: int, seed: int = 0, width: float = PINNED_WIDTH) -> pd.DataFrame:
     """The committed data, no simulation: the recipe table's losses plus the ladder's own fp8 and quartet runs at the
     design's added cells (the ladder ran those two recipes at all 15 cells), fitted as ``quartet fit`` does; one row
     per recipe of the two with its effN / effD intervals. What the added cells do to two recipes' real intervals."""
@@ -230,8 +227,8 @@ def real_check(design: list, bootstrap: int, seed: int = 0) -> pd.DataFrame:
         e, iv = fit.eff(name), fit.eff_intervals[name]
         rows.append(dict(recipe=name, effN=e.eff_n, effD=e.eff_d, effN_lo=iv["eff_n"][0], effN_hi=iv["eff_n"][1],
                          effD_lo=iv["eff_d"][0], effD_hi=iv["eff_d"][1],
-                         pinned_N=_off_bounds(iv["eff_n"]) and EFF_IMPLAUSIBLE <= e.eff_n,
-                         pinned_ND=_off_bounds(iv["eff_n"]) and _off_bounds(iv["eff_d"]) and EFF_IMPLAUSIBLE <= e.eff_n))
+                         pinned_N=pinned(iv["eff_n"], width, e.eff_n),
+                         pinned_ND=pinned(iv["eff_n"], width, e.eff_n) and pinned(iv["eff_d"], width, e.eff_d)))
     return pd.DataFrame(rows)
 
 
@@ -300,6 +297,8 @@ def main(argv=None) -> pd.DataFrame:
     p.add_argument("--real-bootstrap", type=int, default=200,
                    help="bootstrap refits of the committed data's check (fp8, quartet); 0 skips it")
     p.add_argument("--designs", nargs="*", default=None, help="a subset of the candidates by name")
+    p.add_argument("--width", type=float, default=PINNED_WIDTH,
+                   help="the widest 95%% interval that counts as pinned (analysis.verdict)")
     p.add_argument("--out", type=Path, default=OUT)
     args = p.parse_args(argv)
     logging.getLogger("analysis").setLevel(logging.WARNING)
@@ -317,14 +316,14 @@ def main(argv=None) -> pd.DataFrame:
         for noise in args.noise:
             t0 = time.perf_counter()
             sims = simulate(design, reps=args.reps, bootstrap=args.bootstrap, noise=noise,
-                            noise_scale=args.noise_scale, effs=effs, cells=cells)
+                            noise_scale=args.noise_scale, effs=effs, cells=cells, width=args.width)
             common = dict(noise=noise, design=name, recipe_cells=len(CURRENT) + len(design), reps=args.reps,
                           bootstrap=args.bootstrap, noise_scale=args.noise_scale, **cost)
             for recipe, g in [("all", sims), *sims.groupby("recipe", sort=False)]:
                 rows.append(dict(common, recipe=recipe, **_summary(g), seconds=time.perf_counter() - t0))
         if args.real_bootstrap:
             t0 = time.perf_counter()
-            real = real_check(design, args.real_bootstrap)
+            real = real_check(design, args.real_bootstrap, width=args.width)
             common = dict(noise="real fp8+quartet", design=name, recipe_cells=len(CURRENT) + len(design), reps=1,
                           bootstrap=args.real_bootstrap, noise_scale=np.nan, **cost)
             for recipe, g in [("all", real), *real.groupby("recipe", sort=False)]:
@@ -340,7 +339,8 @@ def main(argv=None) -> pd.DataFrame:
 def print_table(out: pd.DataFrame) -> None:
     """One line per design: pinned fraction and median effN / effD widths per noise model, the real check, the cost."""
     a = out[out["recipe"] == "all"]
-    print("\npinned N / ND: share of fits whose effN / effN and effD 95% intervals stay off the bounds (1e-5, 4); "
+    print("\npinned N / ND: share of fits whose effN / effN and effD 95% intervals are pinned (off the bounds (1e-5, 4) "
+          "and narrower than --width, analysis.verdict); "
           "wN / wD: median interval widths; real: the committed fp8 and quartet runs")
     head = f"{'design':31s}"
     for noise in a["noise"].unique():

@@ -29,7 +29,7 @@ from quartet.errors import ConfigError
 from quartet.memory import PARALLEL_CHOICES
 from quartet.shapes import block_linear_names, ffn_hidden
 from quartet.paths import CONF_DIR, check_folder_name
-from quartet.quant.config import PrecisionConfig, keep_bf16_matches
+from quartet.quant.config import UNQUANTIZED_LABEL, PrecisionConfig, half_variants, keep_bf16_matches
 
 # --------------------------------------------------------------------------------------------
 # Schemas (one dataclass per config group)
@@ -265,6 +265,13 @@ def register_configs() -> None:
 
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConfig)
+    # The half-recipe variants are options of the precision group without YAMLs of their own: each extends its
+    # recipe's YAML (Hydra's defaults list: knobs such as hadamard_block and keep_bf16 stay the recipe's) and
+    # changes the scheme name and the unquantized half's label, so the registry stays the one list of names.
+    for variant, (recipe, half) in half_variants().items():
+        unquantized = "backward" if half == "forward" else "forward"
+        cs.store(group="precision", name=variant,
+                 node={"defaults": [recipe, "_self_"], "name": variant, unquantized: UNQUANTIZED_LABEL})
     _registered = True
 
 
@@ -274,9 +281,13 @@ def register_configs() -> None:
 
 
 def group_options(group: str, conf_dir: Path | None = None) -> list[str]:
-    """The YAML options of a config group (``conf/<group>/*.yaml``), sorted."""
+    """The options of a config group, sorted: its YAMLs (``conf/<group>/*.yaml``) and, for ``precision``, the
+    half-recipe variants of the recipes that have one (:func:`register_configs`)."""
     d = Path(conf_dir or CONF_DIR) / group
-    return sorted(p.stem for p in d.glob("*.yaml")) if d.is_dir() else []
+    options = {p.stem for p in d.glob("*.yaml")} if d.is_dir() else set()
+    if group == "precision":
+        options |= {variant for variant, (recipe, _half) in half_variants().items() if recipe in options}
+    return sorted(options)
 
 
 def _keys_of(dotted_parent: str) -> list[str]:

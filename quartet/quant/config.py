@@ -4,7 +4,12 @@ Every YAML in ``conf/precision/`` is validated against :class:`PrecisionConfig` 
 (a typo'd key or a wrong type fails before anything runs); the scheme name and the knob values are
 checked by :func:`quartet.quant.schemes.build_scheme` when the model is converted.
 :func:`keep_bf16_matches` resolves the ``keep_bf16`` module-name patterns (the per-module precision map).
-Imports only the standard library (and the project's error type).
+
+The names of the half-recipe variants live here too (:func:`half_variants`): ``<recipe>_fwd`` quantizes only the
+forward GEMM as the recipe does, ``<recipe>_bwd`` only the two backward GEMMs. Both the scheme registry
+(:mod:`quartet.quant.schemes`, which builds them from the recipe's operands) and the config composition
+(:mod:`quartet.config`, which selects them as ``precision=<recipe>_fwd`` from the recipe's YAML) read them, and
+composing a config needs no torch. Imports only the standard library (and the project's error type).
 """
 from __future__ import annotations
 
@@ -16,10 +21,31 @@ from dataclasses import dataclass, field
 from quartet.errors import ConfigError
 
 
+#: The training recipes of the recipe table (docs/recipes.md, sweeps/recipes.yaml): every scheme a team would train
+#: with, as opposed to the ablations (quest_fwd, sr_bwd, rtn_bwd, sr_fwd, rtn_fwd) that quantize one half only.
+RECIPES = ("bf16", "fp8", "mxfp8", "fp8_deepseek", "nvfp4", "nvfp4_recipe", "quartet", "quartet_sr", "quartet2",
+           "ms_fp4", "luq_int4")
+#: The label of an unquantized GEMM (the bf16 scheme's, and the unquantized half of a half-recipe variant): what the
+#: analysis reads as "this half is the baseline" (forward-only runs measure effN, backward-only runs effD).
+UNQUANTIZED_LABEL = "bf16"
+#: Half-recipe variants: name suffix -> the half of the recipe's GEMMs the variant quantizes.
+HALVES = {"_fwd": "forward", "_bwd": "backward"}
+
+
+def half_variants() -> dict[str, tuple[str, str]]:
+    """``{variant: (recipe, half)}`` for every recipe of :data:`RECIPES` but bf16: ``<recipe>_fwd`` (half
+    ``forward``: the forward GEMM's operands quantized as the recipe does, the two backward GEMMs unquantized) and
+    ``<recipe>_bwd`` (``backward``: the reverse). The Quartet paper's way to measure effN (forward-only runs, effD = 1)
+    and effD (backward-only runs, effN = 1) apart."""
+    return {f"{recipe}{suffix}": (recipe, half) for recipe in RECIPES if recipe != UNQUANTIZED_LABEL
+            for suffix, half in HALVES.items()}
+
+
 @dataclass
 class PrecisionConfig:
     #: scheme name in the registry (bf16, fp8, quartet, quartet_sr, quest_fwd, sr_bwd, rtn_bwd, sr_fwd,
-    #: rtn_fwd, ms_fp4, luq_int4, nvfp4, quartet2, mxfp8, nvfp4_recipe, fp8_deepseek)
+    #: rtn_fwd, ms_fp4, luq_int4, nvfp4, quartet2, mxfp8, nvfp4_recipe, fp8_deepseek) or a half-recipe variant
+    #: ``<recipe>_fwd`` / ``<recipe>_bwd`` (:func:`half_variants`)
     name: str = "bf16"
     #: short label of the forward-GEMM precision, used by the analysis (bf16, quest, fp8, ...)
     forward: str = "bf16"

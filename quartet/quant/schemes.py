@@ -32,9 +32,11 @@ import math
 from dataclasses import dataclass, field
 
 from quartet.errors import ConfigError
+from quartet.quant.config import RECIPES, UNQUANTIZED_LABEL, half_variants
 from quartet.quant.quantizers import GROUPED_KINDS, QuantizerSpec
 
-__all__ = ["GemmSpec", "Scheme", "SCHEMES", "RECIPES", "build_scheme", "scheme_names"]
+__all__ = ["GemmSpec", "Scheme", "SCHEMES", "RECIPES", "HALF_VARIANTS", "build_scheme", "half_scheme",
+           "scheme_names"]
 
 TRANSFORMS = ("none", "hadamard", "random_hadamard", "seeded_hadamard")
 
@@ -216,7 +218,9 @@ def _mxfp8(k: _Knobs) -> Scheme:
                   GemmSpec(q, q), GemmSpec(q, q), GemmSpec(q, q), bwd_source="input")
 
 
-#: The registry of precision schemes: name -> builder (each name has its YAML in conf/precision/).
+#: The registry of precision schemes: name -> builder. Each name but the half-recipe variants has its YAML in
+#: conf/precision/; the variants (added below from :func:`quartet.quant.config.half_variants`) compose from their
+#: recipe's YAML (quartet.config.register_configs).
 _BUILDERS = {
     "bf16": lambda k: Scheme("bf16", "bf16", "bf16", "unquantized: nothing converted", convert=False),
     "fp8": _fp8,
@@ -289,14 +293,33 @@ def _fp8_deepseek() -> Scheme:
                   GemmSpec(act, weight), GemmSpec(act, None), GemmSpec(act, act), bwd_source="quantized")
 
 
-#: Registered scheme names (the keys of the builders' registry; each has a YAML in conf/precision/).
+def half_scheme(recipe: Scheme, half: str, name: str) -> Scheme:
+    """``recipe`` with one half of its GEMMs left unquantized: ``half="forward"`` keeps the forward GEMM's operands
+    and rotation and runs the two backward GEMMs on unquantized operands; ``"backward"`` the reverse. The operand the
+    backward reads (``bwd_source``) stays the recipe's, so a forward-only variant's backward multiplies what the
+    recipe's backward quantizers would have been given (the forward's X̂, Ŵ or the inputs), and a backward-only
+    variant's backward requantizes unquantized forward operands. The unquantized half's label is
+    :data:`~quartet.quant.config.UNQUANTIZED_LABEL`, so the analysis fits effN alone (forward-only) or effD alone."""
+    if half == "forward":
+        return Scheme(name, recipe.forward_label, UNQUANTIZED_LABEL,
+                      f"forward-only {recipe.name} (backward GEMMs unquantized): {recipe.description}",
+                      recipe.fwd, GemmSpec(), GemmSpec(), bwd_source=recipe.bwd_source)
+    if half == "backward":
+        return Scheme(name, UNQUANTIZED_LABEL, recipe.backward_label,
+                      f"backward-only {recipe.name} (forward GEMM unquantized): {recipe.description}",
+                      GemmSpec(), recipe.dx, recipe.dw, bwd_source=recipe.bwd_source)
+    raise ValueError(f"half must be forward or backward, got {half!r}")
+
+
+#: ``{variant: (recipe, half)}``: the forward-only and backward-only variant of every recipe but bf16
+HALF_VARIANTS = half_variants()
+_clash = set(HALF_VARIANTS) & set(_BUILDERS)
+assert not _clash, f"half-recipe variant names clash with registered schemes: {sorted(_clash)}"
+_BUILDERS.update({variant: (lambda k, r=recipe, h=half, v=variant: half_scheme(_BUILDERS[r](k), h, v))
+                  for variant, (recipe, half) in HALF_VARIANTS.items()})
+
+#: Registered scheme names (the keys of the builders' registry).
 SCHEMES = tuple(_BUILDERS)
-
-
-#: The training recipes of the recipe table (docs/recipes.md, sweeps/recipes.yaml): every scheme a team would train
-#: with, as opposed to the ablations (quest_fwd, sr_bwd, rtn_bwd, sr_fwd, rtn_fwd) that quantize one half only.
-RECIPES = ("bf16", "fp8", "mxfp8", "fp8_deepseek", "nvfp4", "nvfp4_recipe", "quartet", "quartet_sr", "quartet2",
-           "ms_fp4", "luq_int4")
 
 
 def scheme_names() -> list[str]:

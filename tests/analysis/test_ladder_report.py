@@ -93,7 +93,8 @@ def test_committed_ladder_tables_agree_with_its_loss_table():
     assert np.allclose(gaps["gap"], committed["gap"]) and list(gaps["verdict"]) == list(committed["verdict"])
     fit = json.loads((LADDER / "fit.json").read_text())
     boot = fit["bootstrap"]
-    report = fit_all(load_table(LADDER / "losses.csv"), "busbridge", bootstrap=boot["requested"], seed=boot["seed"])
+    report = fit_all(load_table(LADDER / "losses.csv"), "busbridge", bootstrap=boot["requested"], seed=boot["seed"],
+                     min_params=fit["provenance"]["options"].get("min_params", 0))  # the committed fit's rung rule
     assert (report.base.status, report.base.message) == (fit["base"]["status"], fit["base"]["message"])
     for name, value in fit["base"]["params"].items():
         assert report.base.params[name] == pytest.approx(value, rel=1e-4), name

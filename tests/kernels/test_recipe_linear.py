@@ -44,6 +44,19 @@ def test_plan_covers_exactly_the_recipes_without_an_fp8_or_mx_layer():
         assert not RL.covers(_scheme(name)), name
 
 
+def test_no_fused_layer_claims_a_half_recipe_variant():
+    """A forward-only or backward-only variant leaves one half of the GEMMs unquantized, which no fused layer runs:
+    the recipe layer, the FP8 tensor-core layers and the fused Quartet layer all decline it, so ``auto`` converts it
+    operand by operand on the backend whose quantizers it picks (``compiled`` where no kernel runs them)."""
+    from quartet.kernels.linear import fused_covers
+    from quartet.quant.schemes import HALF_VARIANTS
+
+    for name in HALF_VARIANTS:
+        s = _scheme(name)
+        assert not RL.covers(s), name
+        assert not any(fused_covers(s, b) for b in ("hopper_fp8", "triton", "blackwell_mxfp4")), name
+
+
 def _inputs(seed):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(T, K, generator=g) * torch.exp(torch.randn(T, 1, generator=g))

@@ -11,6 +11,7 @@ import pytest
 from quartet.errors import ConfigError
 from quartet.paths import CONF_DIR
 from quartet.quant import SCHEMES, build_scheme
+from quartet.quant.schemes import HALF_VARIANTS
 
 #: the foundation's tiny CPU run (~13k parameters, 64-token windows); 24 steps of 512 tokens
 TINY = ["model=llama_nano", "data=shakespeare_small", "logging=quiet", "logging.log_every=1", "run.threads=1",
@@ -26,15 +27,64 @@ LABELS = {
 }
 
 
-def test_every_scheme_has_a_yaml_with_matching_labels():
-    from quartet.config import compose
+def _labels(name: str) -> tuple[str, str]:
+    """The expected labels; a half-recipe variant's are its recipe's with the unquantized half bf16."""
+    if name in HALF_VARIANTS:
+        recipe, half = HALF_VARIANTS[name]
+        fw, bw = LABELS[recipe]
+        return (fw, "bf16") if half == "forward" else ("bf16", bw)
+    return LABELS[name]
 
-    assert sorted(p.stem for p in (CONF_DIR / "precision").glob("*.yaml")) == sorted(SCHEMES)
+
+def test_every_scheme_composes_with_matching_labels():
+    """Every registered name composes by name; the YAMLs are the registry less the variants, which compose from
+    their recipe's YAML."""
+    from quartet.config import compose, group_options
+
+    assert sorted(p.stem for p in (CONF_DIR / "precision").glob("*.yaml")) == sorted(set(SCHEMES) - set(HALF_VARIANTS))
+    assert group_options("precision") == sorted(SCHEMES)
     for name in SCHEMES:
         p = compose([f"precision={name}"]).precision
-        assert p.name == name and (p.forward, p.backward) == LABELS[name]
+        assert p.name == name and (p.forward, p.backward) == _labels(name)
         s = build_scheme(p)
-        assert (s.forward_label, s.backward_label) == LABELS[name]
+        assert (s.forward_label, s.backward_label) == _labels(name)
+
+
+def test_half_recipe_variants_quantize_one_half_of_every_recipe():
+    """Two per recipe but bf16, built from the recipe's operands: the forward-only variant keeps the forward GEMM and
+    nothing in the backward, the backward-only variant the reverse; the recipe's knobs (YAML) carry over."""
+    from quartet.config import compose
+    from quartet.quant.schemes import RECIPES, GemmSpec
+
+    assert sorted(HALF_VARIANTS) == sorted(f"{r}_{h}" for r in RECIPES if r != "bf16" for h in ("fwd", "bwd"))
+    for variant, (recipe, half) in HALF_VARIANTS.items():
+        cfg = compose([f"precision={variant}"]).precision
+        whole = build_scheme(compose([f"precision={recipe}"]).precision)
+        s = build_scheme(cfg)
+        assert s.bwd_source == whole.bwd_source and s.convert
+        if half == "forward":
+            assert (s.fwd, s.dx, s.dw) == (whole.fwd, GemmSpec(), GemmSpec()), variant
+        else:
+            assert (s.fwd, s.dx, s.dw) == (GemmSpec(), whole.dx, whole.dw), variant
+        ref = compose([f"precision={recipe}"]).precision
+        assert {k: cfg[k] for k in cfg if k not in ("name", "forward", "backward")} == \
+            {k: ref[k] for k in ref if k not in ("name", "forward", "backward")}
+    assert compose(["precision=nvfp4_recipe_bwd"]).precision.keep_bf16 == ["blocks.-1.*"]
+    assert compose(["precision=quartet2_fwd"]).precision.hadamard_block == 128
+    with pytest.raises(ConfigError, match="unknown precision"):
+        compose(["precision=bf16_fwd"])
+
+
+def test_quartet_variants_are_the_papers_ablations():
+    """Derived from the recipe's operands, quartet's halves are the Quartet paper's forward-only QuEST and
+    backward-only RTN / SR rows (quest_fwd, rtn_bwd, sr_bwd), operand for operand."""
+    def ops(name):
+        s = build_scheme(type("P", (), {"name": name})())
+        return s.fwd, s.dx, s.dw, s.bwd_source
+
+    assert ops("quartet_fwd") == ops("quest_fwd") == ops("quartet_sr_fwd")
+    assert ops("quartet_bwd") == ops("rtn_bwd")
+    assert ops("quartet_sr_bwd") == ops("sr_bwd")
 
 
 def test_rotated_specs_are_each_distinct_quantizer_with_its_rotation():
@@ -86,6 +136,7 @@ def test_scheme_trains_tiny_model(name, tmp_path):
     first, last = sum(losses[:3]) / 3, sum(losses[-3:]) / 3
     assert last < first - 0.2, (name, losses)
     assert summary["precision"] == name and summary["val_loss"] == summary["val_loss"]
+    assert (summary["forward"], summary["backward"]) == _labels(name)  # what the fit reads (effN / effD / both)
     qmap = json.loads((d / "quant_map.json").read_text())
     assert qmap["scheme"] == name
     assert set(qmap["high_precision"]) >= {"tok_emb", "lm_head"}
