@@ -64,7 +64,7 @@ def _slurm_up() -> bool:
     if not shutil.which("sinfo") or not os.environ.get("SLURM_CONF"):
         return False
     try:
-        out = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=10)
+        out = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired):
         return False
     return out.returncode == 0 and out.stdout.strip() != ""

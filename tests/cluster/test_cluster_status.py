@@ -84,7 +84,7 @@ def test_killed_standalone_train_shows_lost_not_running(tmp_path, fake_slurm, ca
     proc = subprocess.Popen([sys.executable, "-m", "quartet.cli", "train", *over], cwd=REPO, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.time() + 120
+        deadline = time.time() + 600
         while time.time() < deadline and proc.poll() is None:
             m = d / "metrics.jsonl"
             if m.is_file() and len(m.read_text().splitlines()) >= 3:
@@ -96,7 +96,7 @@ def test_killed_standalone_train_shows_lost_not_running(tmp_path, fake_slurm, ca
         code, out, _ = status(runs, "solo", capsys)
         assert code == 0 and "1 runs: 1 running" in out  # alive: no false alarm
         proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=60)
+        proc.wait(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -82,7 +82,7 @@ def test_train_run_name_with_dotdot_is_refused(tmp_path):
     env = {**os.environ, "WANDB_MODE": "disabled"}
     res = subprocess.run([sys.executable, "-m", "quartet.cli", "train", "model=llama_nano", "run.name=../up",
                           f"run.out_dir={tmp_path / 'runs'}", "--print-config"], cwd=REPO, env=env,
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=600)
     assert res.returncode == 2 and res.stderr.strip().count("\n") == 0 and "run.name='../up'" in res.stderr
 
 

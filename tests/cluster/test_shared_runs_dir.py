@@ -27,7 +27,7 @@ def _can_switch_users() -> bool:
     if os.geteuid() != 0 or shutil.which("setpriv") is None:
         return False
     res = subprocess.run(["setpriv", f"--reuid={ALICE}", f"--regid={GROUP}", "--clear-groups", sys.executable, "-c",
-                          "import quartet"], capture_output=True, cwd="/", timeout=60)
+                          "import quartet"], capture_output=True, cwd="/", timeout=600)
     return res.returncode == 0
 
 
@@ -52,7 +52,7 @@ def _as(uid: int, args: list[str], home: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "HOME": str(home), "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": str(REPO), "PYTHONDONTWRITEBYTECODE": "1"}
     cmd = ["setpriv", f"--reuid={uid}", f"--regid={uid}", f"--groups={GROUP}", sys.executable, "-m", "quartet.cli", *args]
-    return subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+    return subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=900)
 
 
 def test_group_shared_runs_dir_second_user_trains_beside_the_first_and_status_reads(shared, tiny_overrides):

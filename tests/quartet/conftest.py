@@ -24,7 +24,7 @@ def torchrun2():
             env.pop(k, None)
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                "-m", "quartet.cli", "train", *overrides, f"run.out_dir={out}"]
-        res = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=240)
+        res = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=900)
         assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
         return run_dir(compose([*overrides, f"run.out_dir={out}"]))
 
