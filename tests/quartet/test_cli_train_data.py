@@ -110,6 +110,28 @@ def test_train_into_a_file_writes_clean_lines_not_bar_frames(tmp_path, tiny_over
     assert max(len(ln) for ln in proc.stdout.splitlines()) < 400
 
 
+
+def test_train_on_a_terminal_shows_a_live_bar(tmp_path, tiny_overrides):
+    """stderr a terminal (a pseudo-terminal here): a live bar of the run's steps with its loss and learning rate
+    (rich, redrawn in place), and the run completes."""
+    import pty
+
+    over = [*tiny_overrides, "logging.progress=true", f"run.out_dir={tmp_path}"]
+    parent, child = pty.openpty()
+    env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1", "COLUMNS": "160"}
+    proc = subprocess.Popen([sys.executable, "-m", "quartet.cli", "train", *over], cwd=REPO, env=env,
+                            stdin=child, stdout=child, stderr=child)
+    os.close(child)
+    out = b""
+    with contextlib.suppress(OSError):  # EIO once the child closed its end
+        while chunk := os.read(parent, 65536):
+            out += chunk
+    os.close(parent)
+    assert proc.wait(timeout=600) == 0, out.decode(errors="replace")[-2000:]
+    n_steps = json.loads(run_dir(compose(over)).joinpath("summary.json").read_text())["steps"]
+    frames = [f for f in out.decode(errors="replace").replace("\r", "\n").splitlines() if " steps " in f]
+    assert any(f"{n_steps}/{n_steps}" in f and "loss " in f and " lr " in f for f in frames), frames[-3:]
+
 # ---------------------------------------------------------------- corrupt files: one line, exit 2, nothing lost
 
 
