@@ -16,6 +16,7 @@ import json
 import logging
 import re
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -631,10 +632,11 @@ def fit_all(df: pd.DataFrame, law: str = "busbridge", *, bootstrap: int = 0, see
     samples: list = []
     used = 0
     it = range(bootstrap)
-    if progress and bootstrap:
-        from tqdm import tqdm
+    if progress and bootstrap and sys.stderr.isatty():  # no frames when stderr is not a terminal (a log)
+        from rich.console import Console
+        from rich.progress import track
 
-        it = tqdm(it, desc="bootstrap", unit="fit", disable=None)  # no frames when stderr is not a terminal
+        it = track(it, description="bootstrap", transient=True, console=Console(stderr=True))
     warm = np.array(base.basins)
     cells = _paired_cells(base_df, groups)
     by_cell = [{c: i for i, c in enumerate(zip(rows["n_params"], rows["tokens"]))} for *_, rows in groups]

@@ -42,6 +42,7 @@ import numpy as np
 
 from quartet.errors import ConfigError, DataError, QuartetError
 from quartet.paths import cache_dir
+from quartet.progress import Bar, stderr_is_terminal
 
 FORMAT_VERSION = 1
 BOS = "<|endoftext|>"
@@ -465,13 +466,6 @@ def _locked(path: Path):
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _isatty(stream) -> bool:
-    try:
-        return bool(stream.isatty())
-    except (AttributeError, ValueError):  # replaced / closed streams
-        return False
-
-
 def _note(enabled: bool, line: str) -> None:
     """One progress line on stderr (on and off a terminal) when ``enabled``."""
     if enabled:
@@ -479,8 +473,9 @@ def _note(enabled: bool, line: str) -> None:
 
 
 class _Progress:
-    """Document progress: a tqdm bar on a terminal; off one (batch job logs) a plain stderr line about every
-    10% of ``total`` (every 30 s when the total is unknown), since bar frames make unreadable logs."""
+    """Document progress: a live bar on a terminal (:class:`quartet.progress.Bar`); off one (batch job logs) a plain
+    stderr line about every 10% of ``total`` (every 30 s when the total is unknown), since bar frames make
+    unreadable logs."""
 
     def __init__(self, total: int | None, desc: str, enabled: bool):
         self.total, self.desc = total, desc
@@ -488,12 +483,8 @@ class _Progress:
         self.t0 = self._last = time.time()
         self._next_pct = 10
         self._said = False
-        self.bar = None
-        self.lines = enabled and not _isatty(sys.stderr)
-        if enabled and not self.lines:
-            from tqdm.auto import tqdm
-
-            self.bar = tqdm(total=total, desc=desc, unit="doc", leave=False, dynamic_ncols=True)
+        self.lines = enabled and not stderr_is_terminal()
+        self.bar = Bar(total, desc, "docs", live=enabled and not self.lines)
 
     def _line(self) -> None:
         took = time.time() - self.t0
@@ -508,9 +499,8 @@ class _Progress:
         self.n += docs
         self.tokens += tokens
         self._said = False
-        if self.bar is not None:
-            self.bar.update(docs)
-        elif self.lines:
+        self.bar.update(docs)
+        if self.lines:
             if self.total:
                 pct = 100 * self.n / self.total
                 if pct >= self._next_pct:
@@ -520,9 +510,8 @@ class _Progress:
                 self._line()
 
     def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-        elif self.lines and not self._said:
+        self.bar.close()
+        if self.lines and not self._said:
             self._line()  # the final count, when the last update did not print it
 
     def __enter__(self):

@@ -292,13 +292,12 @@ class RunRecorder:
         """The loop's metrics sink from ``step`` on: yields ``record(row, step, loss, lr)``, called on every rank
         after every update (``row`` None when the step logs nothing). Rank 0 appends the row to metrics.jsonl,
         mirrors it to wandb and shows it: a live bar on a terminal, a log line per row otherwise (``show``)."""
-        from tqdm.auto import tqdm
+        from quartet.progress import Bar
 
         metrics = open(self.dir / "metrics.jsonl", "a") if self.is_main else None
         live = self.is_main and show and sys.stderr.isatty()
         plain = self.is_main and show and not live
-        bar = tqdm(total=self.total_steps, initial=step, disable=not live, unit="step", desc=self.run_id,
-                   dynamic_ncols=True, leave=False)
+        bar = Bar(self.total_steps, self.run_id, "steps", initial=step, live=live)
 
         def record(row: dict | None, s: int, loss: float, lr: float) -> None:
             if row is not None and metrics is not None:
@@ -306,7 +305,7 @@ class RunRecorder:
                 metrics.flush()
                 if self.wandb is not None:
                     self.wandb.log_row(row, s)
-                bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", refresh=False)
+                bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}")
                 if plain:
                     tps = row.get("tokens_per_s")
                     self.log.info("step %d/%d  loss %.4f  lr %.3g%s", s, self.total_steps, loss, lr,

@@ -1,4 +1,5 @@
-"""Test-wide guards: no network, no caches outside the checkout, markers that skip cleanly.
+"""Test-wide guards and fixtures: no network, no caches outside the checkout, markers that skip cleanly, one torch
+thread per test, the tiny CPU run.
 
 - wandb is forced offline; its folders, matplotlib's, the compile and Hugging Face caches and pytest's
   tmp_path folders live under ``.cache/tests`` of the checkout (git-ignored), unless already set.
@@ -10,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -62,7 +64,7 @@ def _slurm_up() -> bool:
     if not shutil.which("sinfo") or not os.environ.get("SLURM_CONF"):
         return False
     try:
-        out = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=10)
+        out = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired):
         return False
     return out.returncode == 0 and out.stdout.strip() != ""
@@ -76,3 +78,39 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
         if "slurm" in item.keywords and not slurm:
             item.add_marker(pytest.mark.skip(reason="local Slurm is not running (see cluster/slurm_local/up.sh)"))
+
+
+#: The tiny CPU run: a ~13k-parameter model, 12 steps of 8 x 64 tokens, no wandb, metrics every step.
+TINY_RUN = ("model=llama_nano", "data=shakespeare_small", "logging=quiet", "logging.log_every=1", "run.threads=1",
+            "budget=tokens", "budget.tokens=6144", "run.device=cpu")
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """One torch thread per test: two xdist workers share two cores, and oversubscribing them is much slower. Only
+    where torch is already imported (the analysis tests run without it)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        yield
+        return
+    prev = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(prev)
+
+
+@pytest.fixture
+def tiny_overrides() -> list[str]:
+    """The :data:`TINY_RUN` overrides (for tests that compose themselves or run the CLI)."""
+    return list(TINY_RUN)
+
+
+@pytest.fixture
+def tiny_cfg(tmp_path):
+    """``tiny_cfg(*overrides)``: compose(TINY_RUN + overrides) with run.out_dir under the test's tmp folder."""
+    from quartet.config import compose
+
+    def make(*overrides: str):
+        return compose([*TINY_RUN, f"run.out_dir={tmp_path / 'runs'}", *overrides])
+
+    return make

@@ -31,7 +31,7 @@ def test_wandb_and_matplotlib_write_nothing_under_home(tmp_path):
     env.pop("XDG_CACHE_HOME", None)
     env.pop("XDG_CONFIG_HOME", None)
     proc = subprocess.run([sys.executable, "-c", _TOOLS.format(out=tmp_path)], env=env, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert sorted(str(p.relative_to(home)) for p in home.rglob("*")) == []
     for var in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "MPLCONFIGDIR"):

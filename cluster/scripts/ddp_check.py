@@ -4,7 +4,7 @@ Two halves, so the GPU machine needs only python3 + torch (+ numpy):
 
 ``prepare`` (here, with the project's full environment): compose the run with Hydra, resolve it,
 prepare its token shards, and write a self-contained bundle (config.yaml + data + pure-Python
-wheels of omegaconf/PyYAML/tqdm) under ``.cache/ddp_check/``.
+wheels of omegaconf/PyYAML) under ``.cache/ddp_check/``.
 
 ``train`` (on the GPU machine, started by ddp_check.sh with ``torchrun``): load the bundled
 config.yaml WITHOUT Hydra (``quartet.config.load_config_file``), point it at the bundled data and

@@ -6,8 +6,8 @@
 #   on the GPU machine:   bash cluster/scripts/ddp_check.sh run        # needs python3 + torch (+ numpy)
 #                         bash cluster/scripts/ddp_check.sh repeat     # 1 GPU twice: the run-to-run spread
 #
-# `prepare` writes .cache/ddp_check/ (config.yaml, token shards, wheels of omegaconf / antlr4 / PyYAML /
-# tqdm): carry that folder to the GPU machine. Hydra is not needed there: the trainer is built from the
+# `prepare` writes .cache/ddp_check/ (config.yaml, token shards, wheels of omegaconf / antlr4 / PyYAML):
+# carry that folder to the GPU machine. Hydra is not needed there: the trainer is built from the
 # bundled config.yaml with OmegaConf only. Exit status 1 when the curves differ by more than TOL.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -20,7 +20,7 @@ if [ "$mode" = prepare ]; then
   "$PY" cluster/scripts/ddp_check.py prepare "$@"
   mkdir -p "$BUNDLE/wheels"
   # pure-Python wheels (any python3) + PyYAML binaries for the usual CPython versions
-  "$PY" -m pip download -q --no-deps -d "$BUNDLE/wheels" omegaconf==2.3.1 tqdm
+  "$PY" -m pip download -q --no-deps -d "$BUNDLE/wheels" omegaconf==2.3.1
   "$PY" -m pip wheel -q --no-deps -w "$BUNDLE/wheels" antlr4-python3-runtime==4.9.3
   for v in 3.10 3.11 3.12 3.13; do
     "$PY" -m pip download -q --no-deps --only-binary=:all: --platform manylinux2014_x86_64 \
@@ -32,10 +32,10 @@ fi
 
 [ -f "$BUNDLE/config.yaml" ] || { echo "no $BUNDLE: run 'bash cluster/scripts/ddp_check.sh prepare' first and carry $BUNDLE" >&2; exit 2; }
 PY=${PY:-python3}
-if ! "$PY" -c "import omegaconf, yaml, tqdm, numpy" 2>/dev/null; then
+if ! "$PY" -c "import omegaconf, yaml, numpy" 2>/dev/null; then
   echo "installing the bundled wheels into $BUNDLE/site (no network needed)"
   "$PY" -m pip install -q --no-index --find-links "$BUNDLE/wheels" --target "$BUNDLE/site" \
-      omegaconf antlr4-python3-runtime PyYAML tqdm
+      omegaconf antlr4-python3-runtime PyYAML
   export PYTHONPATH="$BUNDLE/site${PYTHONPATH:+:$PYTHONPATH}"
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" WANDB_MODE=disabled OMP_NUM_THREADS=4

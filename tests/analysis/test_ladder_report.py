@@ -7,11 +7,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from committed_fits import assert_refit_agrees, refit
 
 from analysis.errors import AnalysisError
 from analysis.ladder import cell_gaps, loss_table, orders, paired_gaps, seed_noise, write_report
 from analysis.load import frame_from_table, load_table
-from analysis.report import fit_all
 
 REPO = Path(__file__).resolve().parents[2]
 LADDER = REPO / "benchmarks" / "results" / "ladder"
@@ -82,7 +82,7 @@ def test_write_report_files(tmp_path):
     assert "above noise" in (tmp_path / "ladder.md").read_text()
 
 
-def test_committed_ladder_tables_agree_with_its_loss_table():
+def test_committed_ladder_tables_agree_with_its_loss_table(tmp_path):
     """The GPU ladder's committed files are one consistent result: losses.csv -> gaps.csv, and
     `quartet fit benchmarks/results/ladder/losses.csv --bootstrap 200` reproduces the committed fit.json."""
     table = pd.read_csv(LADDER / "losses.csv")
@@ -93,27 +93,9 @@ def test_committed_ladder_tables_agree_with_its_loss_table():
     assert np.allclose(gaps["gap"], committed["gap"]) and list(gaps["verdict"]) == list(committed["verdict"])
     fit = json.loads((LADDER / "fit.json").read_text())
     boot = fit["bootstrap"]
-    report = fit_all(load_table(LADDER / "losses.csv"), "busbridge", bootstrap=boot["requested"], seed=boot["seed"],
-                     min_params=fit["provenance"]["options"].get("min_params", 0))  # the committed fit's rung rule
-    assert (report.base.status, report.base.message) == (fit["base"]["status"], fit["base"]["message"])
-    for name, value in fit["base"]["params"].items():
-        assert report.base.params[name] == pytest.approx(value, rel=1e-4), name
-    # What a refit reproduces on another machine (docs/analysis.md, "Reproducibility of refits"): the same seed draws
-    # the same resamples everywhere, but each refit's last bits depend on the CPU's floating point, and where the data
-    # do not pin a parameter (an interval over 10x wide) a refit can land elsewhere in a flat valley. So: an interval
-    # under 10x wide agrees within 5%, a wider one (this fit: all but beta) to within a factor of 3 at each end.
-    for name, (lo, hi) in fit["base"]["intervals"].items():
-        got = report.base_intervals[name]
-        if lo > 0 and hi / lo < 10:
-            assert got == pytest.approx((lo, hi), rel=0.05), name
-        else:
-            for new, old in zip(got, (lo, hi)):
-                assert (new == old == 0) or (new > 0 and old > 0 and abs(np.log10(new / old)) < np.log10(3)), name
-    for e in report.efficiencies:
-        saved = next(x for x in fit["efficiencies"] if x["scheme"] == e.scheme)
-        assert (e.eff_n, e.eff_d, e.status) == (pytest.approx(saved["eff_n"], rel=1e-4),
-                                                pytest.approx(saved["eff_d"], rel=1e-4), saved["status"])
-        assert report.eff_intervals[e.scheme]["eff_n"] == pytest.approx(saved["eff_n_interval"], rel=0.05)
+    got = refit(LADDER / "losses.csv", tmp_path / "fit.json", fit, "--bootstrap", str(boot["requested"]),
+                "--seed", str(boot["seed"]))
+    assert_refit_agrees(got, fit, "ladder")
 
 
 def test_committed_e_profile_agrees_with_its_loss_table():

@@ -71,13 +71,12 @@ def _pool_workers(launcher: int) -> list[int]:
     return sorted(out)
 
 
-#: How long the workers may take to checkpoint and exit once their launcher is killed. A fraction of a second
-#: when idle; generous because a loaded machine (CI shares its disk) can hold the checkpoint's fsync for seconds,
-#: and below the watchdog's grace (task.ORPHAN_GRACE_S) so a worker that ignored the stop request still fails here.
-EXIT_WITHIN_S = 60.0
-assert EXIT_WITHIN_S < task.ORPHAN_GRACE_S
-#: by then a worker that did not stop has written its threads' stacks and exited (task._arm_exit_timer)
+#: By then every orphaned worker has exited, whatever the load: one that stopped on request (a fraction of a second
+#: when idle), or one that did not, after its grace, leaving its threads' stacks in stdout.log (task._watch_launcher,
+#: task._arm_exit_timer). Which of the two it was is read from stdout.log, not from the clock.
 STACKS_WITHIN_S = task.ORPHAN_GRACE_S + task.EXIT_TIMER_SLACK_S + 20.0
+#: the first line of the stack dump faulthandler writes for each thread
+STACK_DUMP = "most recent call first"
 
 
 def _where(workers: list[int], runs: list[Path]) -> str:
@@ -116,18 +115,18 @@ def _kill_group(proc: subprocess.Popen, pids: list[int]) -> None:
         except (ProcessLookupError, PermissionError):
             pass
     if proc.poll() is None:
-        proc.wait(timeout=30)
+        proc.wait(timeout=120)
 
 
 def _kill_launcher_mid_run(sweep: str, root: Path) -> tuple[list[Path], list[int]]:
     """Start the launcher, wait until both runs are training, kill -9 it; returns (run dirs, worker pids)
-    after asserting that every worker exited within a few seconds."""
+    after asserting that every worker exited on the stop request (not at the end of its grace) and checkpointed."""
     runs = [r.run_dir for r in make_plan(sweep, None, [], str(root), with_state=False).runs]
     assert len(runs) == 2
     proc = _start_launcher(sweep, root)
     workers: list[int] = []
     try:
-        deadline = time.time() + 150
+        deadline = time.time() + 600
         while time.time() < deadline:
             assert proc.poll() is None, "the launcher exited before the runs were under way"
             if all((d / "metrics.jsonl").is_file() and len((d / "metrics.jsonl").read_text().splitlines()) >= 10
@@ -138,17 +137,14 @@ def _kill_launcher_mid_run(sweep: str, root: Path) -> tuple[list[Path], list[int
             time.sleep(0.05)
         assert len(workers) == 2, f"the runs never started (pool processes: {workers})"
         os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
+        proc.wait(timeout=120)
         t0 = time.time()
-        while any(_alive(p) for p in workers) and time.time() - t0 < EXIT_WITHIN_S:
+        while any(_alive(p) for p in workers) and time.time() - t0 < STACKS_WITHIN_S:
             time.sleep(0.1)
-        if any(_alive(p) for p in workers):
-            late = time.time() - t0
-            # failing: wait for the worker's last resort (its stacks in stdout.log, then exit) to say where it hung
-            while any(_alive(p) for p in workers) and time.time() - t0 < STACKS_WITHIN_S:
-                time.sleep(0.5)
-            raise AssertionError(f"workers {workers} outlived their launcher by {late:.0f} s (alive after "
-                                 f"{time.time() - t0:.0f} s: {[p for p in workers if _alive(p)]}): "
+        stuck = [d for d in runs if (d / "stdout.log").is_file() and STACK_DUMP in (d / "stdout.log").read_text()]
+        if stuck or any(_alive(p) for p in workers):
+            raise AssertionError(f"workers {workers} did not stop on request (alive after {time.time() - t0:.0f} s: "
+                                 f"{[p for p in workers if _alive(p)]}; stacks dumped by {[d.name for d in stuck]}): "
                                  f"{_where(workers, runs)}")
     finally:
         _kill_group(proc, workers)
@@ -175,7 +171,7 @@ def _check_trained_once(d: Path) -> list[float]:
 
 
 def test_killed_launcher_workers_checkpoint_and_exit(tmp_path, capsys):
-    """kill -9 of `quartet sweep --cluster local` mid-run: its workers checkpoint and exit within seconds
+    """kill -9 of `quartet sweep --cluster local` mid-run: its workers checkpoint and exit on the stop request
     (they used to train on forever while `quartet status` called the runs lost, and a relaunch trained
     each run a second time alongside them). The runs are then preempted, not lost, and free to resume."""
     sweep = _sweep(tmp_path, "orphans")
@@ -189,7 +185,6 @@ def test_killed_launcher_workers_checkpoint_and_exit(tmp_path, capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)
 def test_killed_and_relaunched_sweep_equals_an_uninterrupted_one(tmp_path, capsys):
     """The whole story, against a reference: kill -9 of the launcher, relaunch; every loss of every step and
     the final validation loss are bit-identical to those of the same sweep run without interruption."""
@@ -269,7 +264,7 @@ def test_sigint_stops_a_background_launcher_and_unstarted_runs_stay_new(tmp_path
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     workers: list[int] = []
     try:
-        deadline = time.time() + 150
+        deadline = time.time() + 600
         while time.time() < deadline:
             assert proc.poll() is None, "the launcher exited before the runs were under way"
             started = [d for d in runs if (d / "metrics.jsonl").is_file()
@@ -280,7 +275,7 @@ def test_sigint_stops_a_background_launcher_and_unstarted_runs_stay_new(tmp_path
             time.sleep(0.05)
         assert len(started) == 2, "the runs never started"
         os.kill(proc.pid, signal.SIGINT)
-        proc.wait(timeout=EXIT_WITHIN_S)
+        proc.wait(timeout=STACKS_WITHIN_S)
     finally:
         _kill_group(proc, workers)
     for d in started:
@@ -326,7 +321,7 @@ def test_an_orphaned_worker_wedged_holding_the_gil_still_exits_and_leaves_its_st
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     t0 = time.time()
     proc = subprocess.run([sys.executable, "-c", WEDGED_WORKER], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=60)
+                          timeout=600)  # a hang guard: ~5 s idle
     took = time.time() - t0
     assert proc.returncode == 1, (proc.returncode, proc.stderr)
     assert took >= 3.0, took  # not before the grace: a stop that comes in time is never cut short

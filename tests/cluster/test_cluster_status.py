@@ -24,21 +24,6 @@ from cluster import runstate, slurm
 from cluster.status import cli_main as status_main
 
 REPO = Path(__file__).resolve().parents[2]
-#: the tiny CPU run of tests/quartet/conftest.py (12 steps of 8 x 64 tokens, metrics every step)
-TINY = ["model=llama_nano", "data=shakespeare_small", "logging=quiet", "logging.log_every=1", "run.threads=1",
-        "budget=tokens", "budget.tokens=6144", "run.device=cpu"]
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    import torch
-
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(prev)
-
-
 @pytest.fixture()
 def fake_slurm(tmp_path, monkeypatch):
     """``fake_slurm(squeue=..., sacct=...)``: shell bodies of fake Slurm tools, first on PATH."""
@@ -56,13 +41,18 @@ def fake_slurm(tmp_path, monkeypatch):
     return make
 
 
-def make_trainer(runs: Path, group: str, *overrides: str):
-    from quartet.config import compose
+@pytest.fixture
+def make_trainer(tiny_cfg):
+    """``make_trainer(runs, group, *overrides)``: a Trainer of the tiny run in ``runs``' group ``group``, its run
+    folder made."""
     from quartet.train import Trainer
 
-    t = Trainer(compose([*TINY, f"run.out_dir={runs}", f"run.name={group}", *overrides]))
-    t.dir.mkdir(parents=True, exist_ok=True)
-    return t
+    def make(runs: Path, group: str, *overrides: str):
+        t = Trainer(tiny_cfg(f"run.out_dir={runs}", f"run.name={group}", *overrides))
+        t.dir.mkdir(parents=True, exist_ok=True)
+        return t
+
+    return make
 
 
 def claim_as_slurm(run_dir: Path, job_id: str, log: Path | None = None) -> None:
@@ -81,20 +71,20 @@ def status(runs: Path, group: str, capsys) -> tuple[int, str, str]:
 # ------------------------------------------------------------------ a: standalone trainer gone
 
 
-def test_killed_standalone_train_shows_lost_not_running(tmp_path, fake_slurm, capsys):
+def test_killed_standalone_train_shows_lost_not_running(tmp_path, fake_slurm, capsys, tiny_overrides):
     """`quartet train` killed with SIGKILL used to show `running` forever: its pid is now checked."""
     from quartet.config import compose
     from quartet.runs import run_dir
 
     fake_slurm(squeue="exit 0")  # an empty queue: the run has no job anyway
     runs = tmp_path / "runs"
-    over = [*TINY, "budget.tokens=1536000", f"run.out_dir={runs}", "run.name=solo"]  # 3000 steps: far from done
+    over = [*tiny_overrides, "budget.tokens=1536000", f"run.out_dir={runs}", "run.name=solo"]  # 3000 steps: far from done
     d = run_dir(compose(over))
     env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen([sys.executable, "-m", "quartet.cli", "train", *over], cwd=REPO, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.time() + 120
+        deadline = time.time() + 600
         while time.time() < deadline and proc.poll() is None:
             m = d / "metrics.jsonl"
             if m.is_file() and len(m.read_text().splitlines()) >= 3:
@@ -106,7 +96,7 @@ def test_killed_standalone_train_shows_lost_not_running(tmp_path, fake_slurm, ca
         code, out, _ = status(runs, "solo", capsys)
         assert code == 0 and "1 runs: 1 running" in out  # alive: no false alarm
         proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=60)
+        proc.wait(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -120,7 +110,7 @@ def test_killed_standalone_train_shows_lost_not_running(tmp_path, fake_slurm, ca
     assert runstate.read_json(d / "state.json")["state"] == "failed"  # recorded: the next look agrees
 
 
-def test_recycled_pid_and_foreign_host_and_stale_heartbeat(tmp_path, fake_slurm, capsys, monkeypatch):
+def test_recycled_pid_and_foreign_host_and_stale_heartbeat(tmp_path, fake_slurm, capsys, monkeypatch, make_trainer):
     """A live pid that is another process (start time differs) is no proof of life; a trainer on another
     host cannot be checked (shown running with that note) until its files stop changing (stale)."""
     fake_slurm()
@@ -176,7 +166,7 @@ def submitit_gives_up(run_dir: Path, log_out: Path) -> None:
         handler.close()
 
 
-def test_requeues_used_up_is_failed_not_preempted_forever(tmp_path, fake_slurm, capsys):
+def test_requeues_used_up_is_failed_not_preempted_forever(tmp_path, fake_slurm, capsys, make_trainer):
     runs = tmp_path / "runs"
     t = make_trainer(runs, "tl")
     t.callbacks.append(lambda tr, row: tr.request_stop() if row["step"] >= 2 else None)
@@ -197,7 +187,7 @@ def test_requeues_used_up_is_failed_not_preempted_forever(tmp_path, fake_slurm, 
     assert runstate.read_json(t.dir / "state.json")["state"] == "failed"
 
 
-def test_preempted_run_still_queued_stays_preempted(tmp_path, fake_slurm, capsys):
+def test_preempted_run_still_queued_stays_preempted(tmp_path, fake_slurm, capsys, make_trainer):
     """The guard of the test above: a preempted run whose job was requeued (still in squeue) is not failed."""
     runs = tmp_path / "runs"
     t = make_trainer(runs, "pq")
@@ -216,7 +206,8 @@ def test_preempted_run_still_queued_stays_preempted(tmp_path, fake_slurm, capsys
      "squeue exited 1: squeue: error: slurm_load_jobs error: Unable to contact slurm controller (connect failure)"),
     ("exec sleep 30", "squeue timed out after 0.5 s"),
 ])
-def test_unreachable_squeue_warns_once_and_asserts_nothing(tmp_path, fake_slurm, capsys, monkeypatch, squeue, why):
+def test_unreachable_squeue_warns_once_and_asserts_nothing(tmp_path, fake_slurm, capsys, monkeypatch, squeue, why,
+                                                            make_trainer):
     monkeypatch.setattr(slurm, "SQUEUE_TIMEOUT_S", 0.5, raising=False)
     runs = tmp_path / "runs"
     crashed = make_trainer(runs, "c", "run.seed=1")  # its job died long ago while state.json said running
@@ -246,7 +237,8 @@ def test_unreachable_squeue_warns_once_and_asserts_nothing(tmp_path, fake_slurm,
 # ------------------------------------------------------------------ d: requeued, waiting
 
 
-def test_requeued_job_waiting_in_queue_is_pending_not_running(tmp_path, fake_slurm, capsys, monkeypatch):
+def test_requeued_job_waiting_in_queue_is_pending_not_running(tmp_path, fake_slurm, capsys, monkeypatch,
+                                                              make_trainer):
     runs = tmp_path / "runs"
     t = make_trainer(runs, "rq")
     claim_as_slurm(t.dir, "55")

@@ -82,7 +82,7 @@ def test_train_run_name_with_dotdot_is_refused(tmp_path):
     env = {**os.environ, "WANDB_MODE": "disabled"}
     res = subprocess.run([sys.executable, "-m", "quartet.cli", "train", "model=llama_nano", "run.name=../up",
                           f"run.out_dir={tmp_path / 'runs'}", "--print-config"], cwd=REPO, env=env,
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=600)
     assert res.returncode == 2 and res.stderr.strip().count("\n") == 0 and "run.name='../up'" in res.stderr
 
 
@@ -107,14 +107,13 @@ def test_duplicate_runs_are_deduped_with_one_note(tmp_path, tiny_sweep, capsys):
     assert "4 runs" in out
 
 
-def test_a_run_being_trained_is_refused_before_the_trainer_is_built(tmp_path, monkeypatch, capsys):
+def test_a_run_being_trained_is_refused_before_the_trainer_is_built(tmp_path, monkeypatch, capsys, tiny_overrides):
     from quartet import runlock
     from quartet import train as qtrain
     from quartet.config import compose
     from quartet.runs import run_dir
 
-    over = ["model=llama_nano", "data=shakespeare_small", "logging=quiet", "budget=tokens", "budget.tokens=6144",
-            f"run.out_dir={tmp_path}"]
+    over = [*tiny_overrides, f"run.out_dir={tmp_path}"]
     lock = runlock.acquire(run_dir(compose(over)), what="run x")
     built = []
     monkeypatch.setattr(qtrain.Trainer, "__init__", lambda self, cfg: built.append(cfg) or (_ for _ in ()).throw(

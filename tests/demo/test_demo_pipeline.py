@@ -3,14 +3,13 @@
 The shipped demo uses `sweeps/demo.yaml` (its full run is the slow test at the end); here a 3 × 2 × 2 grid of a
 few steps each, with seeds 1 and 2 at one cell, keeps the tests short while going through exactly the same code
 (local launcher, noise and gaps, fit, figures, report). The first call is one module fixture that the three
-tests share (it trains and fits once); each test stays well under a minute on two cores.
+tests share (it trains and fits once: ~40 s on two idle cores).
 """
 from __future__ import annotations
 
 import contextlib
 import io
 import json
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -58,7 +57,6 @@ def demo(tmp_path_factory):
 
 
 @pytest.mark.xdist_group("demo_pipeline")
-@pytest.mark.timeout(300)
 def test_demo_pipeline_trains_fits_and_reports(demo):
     first, out = demo.first, demo.out
     assert demo.code == 0, first[-2000:]
@@ -92,21 +90,17 @@ def test_demo_pipeline_trains_fits_and_reports(demo):
 
 
 @pytest.mark.xdist_group("demo_pipeline")
-@pytest.mark.timeout(300)
 def test_demo_second_call_reuses_everything(demo, capsys):
     """Second call: nothing retrains, the unchanged report is reused."""
     assert demo.code == 0 and len(demo.summaries) == 16
     mtimes = {p: p.stat().st_mtime_ns for p in demo.summaries}
-    t0 = time.time()
     assert cli_main(demo.args) == 0
     second = capsys.readouterr().out
     assert "0 to train" in second and "reusing" in second
     assert {p: p.stat().st_mtime_ns for p in demo.summaries} == mtimes
-    assert time.time() - t0 < 60
 
 
 @pytest.mark.xdist_group("demo_pipeline")
-@pytest.mark.timeout(300)
 def test_demo_retrains_a_lost_run_and_leaves_out_stale_ones(demo, capsys):
     """A run whose summary disappears is retrained, and the report is rebuilt; a run the sweep no longer plans
     (left by an earlier version of it) stays out of the study. (Runs last: it changes the shared runs folder.)"""
@@ -127,7 +121,7 @@ def test_demo_retrains_a_lost_run_and_leaves_out_stale_ones(demo, capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(2400)
+@pytest.mark.timeout(7200)  # a hang guard: ~7 min idle
 def test_the_shipped_demo_measures_a_cost_above_noise(tmp_path, capsys):
     """The full `quartet demo` (sweeps/demo.yaml, 52 runs, ~7 min on 2 cores): its report names a precision whose
     cost exceeds the measured seed noise with the right sign (LUQ-INT4), says for every other precision whether its
@@ -148,6 +142,7 @@ def test_the_shipped_demo_measures_a_cost_above_noise(tmp_path, capsys):
     if fit["base"]["status"] != "converged":
         assert all(e["status"] != "converged" for e in fit["efficiencies"])
         assert f"**{fit['base']['status']}**" in verdicts
-    t0 = time.time()
+    summaries = {p: p.stat().st_mtime_ns for p in runs.rglob("summary.json")}
     assert cli_main(args) == 0
-    assert "reusing" in capsys.readouterr().out and time.time() - t0 < 60
+    assert "reusing" in capsys.readouterr().out
+    assert {p: p.stat().st_mtime_ns for p in runs.rglob("summary.json")} == summaries  # nothing retrained

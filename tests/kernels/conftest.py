@@ -10,7 +10,6 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
-torch.set_num_threads(1)
 
 
 class FastLayerChecks:

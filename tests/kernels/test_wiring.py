@@ -203,7 +203,7 @@ def test_fused_operators_shape_functions_and_autograd_registration(triton_backen
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(3600)
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 def test_traceable_fused_model_compiles_as_one_graph(triton_backend, backend):
     """fullgraph=True: the fused Quartet layers no longer split the compiled model, and the compiled step equals

@@ -150,8 +150,9 @@ def test_bf16_is_bitwise_the_unquantized_model():
     torch.manual_seed(0)
     a = TwoLayer()
     b = copy.deepcopy(a)
+    up, weight = b.up, b.up.weight
     plan = apply_precision(b, PrecisionConfig(name="bf16"))
-    assert plan.modules == {} and type(b.up) is BlockLinear and b.up.weight is b.up.weight
+    assert plan.modules == {} and b.up is up and type(up) is BlockLinear and up.weight is weight
     idx = torch.randint(0, 50, (4, 16))
     la, lb = a(idx).sum(), b(idx).sum()
     la.backward()

@@ -13,9 +13,6 @@ from quartet.paths import CONF_DIR
 from quartet.quant import SCHEMES, build_scheme
 from quartet.quant.schemes import HALF_VARIANTS
 
-#: the foundation's tiny CPU run (~13k parameters, 64-token windows); 24 steps of 512 tokens
-TINY = ["model=llama_nano", "data=shakespeare_small", "logging=quiet", "logging.log_every=1", "run.threads=1",
-        "budget=tokens", "budget.tokens=12288"]
 
 LABELS = {
     "bf16": ("bf16", "bf16"), "fp8": ("fp8", "fp8"), "quartet": ("quest", "rtn_absmax"),
@@ -120,15 +117,15 @@ def _losses(run_dir: Path) -> list[float]:
 
 
 @pytest.mark.parametrize("name", SCHEMES)
-def test_scheme_trains_tiny_model(name, tmp_path):
+def test_scheme_trains_tiny_model(name, tmp_path, tiny_overrides):
     from quartet.config import compose
     from quartet.runs import run_dir
     from quartet.train import train
 
     # the one-block nano model would keep everything in BF16 under nvfp4_recipe's default keep_bf16 (the last
     # block): quantize all of it here; test_keep_bf16_trains_with_the_last_block_unquantized covers the default
-    cfg = compose([*TINY, f"precision={name}", "precision.stats_every=8", f"run.out_dir={tmp_path}",
-                   "precision.keep_bf16=[]"])
+    cfg = compose([*tiny_overrides, "budget.tokens=12288", f"precision={name}", "precision.stats_every=8",
+                   f"run.out_dir={tmp_path}", "precision.keep_bf16=[]"])  # 24 steps
     summary = train(cfg)
     d = run_dir(cfg)
     losses = _losses(d)
@@ -148,10 +145,10 @@ def test_scheme_trains_tiny_model(name, tmp_path):
         assert any(k.startswith("q/blocks.0.") for r in rows for k in r)  # stats reached the metrics file
 
 
-def test_cli_chooses_scheme_by_name(tmp_path):
+def test_cli_chooses_scheme_by_name(tmp_path, tiny_overrides):
     from quartet.cli import main
 
-    code = main(["train", *TINY, "budget.tokens=2048", "precision=quartet", f"run.out_dir={tmp_path}"])
+    code = main(["train", *tiny_overrides, "budget.tokens=2048", "precision=quartet", f"run.out_dir={tmp_path}"])
     assert code == 0
     (qmap,) = list(tmp_path.rglob("quant_map.json"))
     assert json.loads(qmap.read_text())["scheme"] == "quartet"
@@ -189,14 +186,14 @@ def test_round2_schemes_on_the_reference_backend_track_the_true_gradient(name):
     assert torch.equal(a, grads(cfg, step=2)) == (name == "mxfp8")
 
 
-def test_keep_bf16_trains_with_the_last_block_unquantized(tmp_path):
+def test_keep_bf16_trains_with_the_last_block_unquantized(tmp_path, tiny_overrides):
     """nvfp4_recipe as its YAML ships it (keep_bf16: [blocks.-1.*]) on a two-block model: block 0 quantized,
     block 1 left BF16, written to quant_map.json with the pattern that kept each module."""
     from quartet.config import compose
     from quartet.runs import run_dir
     from quartet.train import train
 
-    cfg = compose([*TINY, "model=llama_micro", "budget.tokens=4096", "precision=nvfp4_recipe",
+    cfg = compose([*tiny_overrides, "model=llama_micro", "budget.tokens=4096", "precision=nvfp4_recipe",
                    f"run.out_dir={tmp_path}"])
     train(cfg)
     d = run_dir(cfg)

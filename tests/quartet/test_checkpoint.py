@@ -143,7 +143,7 @@ def test_both_checkpoints_bad_is_one_line_error_and_keeps_the_recorded_step(tiny
     env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-m", "quartet.cli", "train", *tiny_overrides, *OVER,
                            f"run.out_dir={tmp_path / 'runs'}"], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=300)
+                          timeout=900)
     assert run_dir(compose([*tiny_overrides, *OVER, f"run.out_dir={tmp_path / 'runs'}"])) == d
     assert proc.returncode == 2, proc.stderr[-2000:]
     err = proc.stderr.strip()

@@ -26,14 +26,14 @@ def _train_until_signal(over: list[str], sig: int, rows: int = 3):
     proc = subprocess.Popen([sys.executable, "-m", "quartet.cli", "train", *over], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.time() + 120
+        deadline = time.time() + 600
         while time.time() < deadline:
             m = d / "metrics.jsonl"
             if m.is_file() and len(m.read_text().splitlines()) >= rows:
                 break
             time.sleep(0.05)
         proc.send_signal(sig)
-        out, err = proc.communicate(timeout=120)
+        out, err = proc.communicate(timeout=600)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -99,7 +99,7 @@ def test_train_into_a_file_writes_clean_lines_not_bar_frames(tmp_path, tiny_over
     over = [*tiny_overrides, "logging.progress=true", "logging.log_every=4", "precision=quartet", f"run.out_dir={tmp_path}"]
     env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-m", "quartet.cli", "train", *over], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "\r" not in proc.stderr and "\r" not in proc.stdout
     steps = [ln for ln in proc.stdout.splitlines() if " step " in ln and " loss " in ln]
@@ -109,6 +109,28 @@ def test_train_into_a_file_writes_clean_lines_not_bar_frames(tmp_path, tiny_over
     assert any("precision quartet" in ln for ln in proc.stdout.splitlines())
     assert max(len(ln) for ln in proc.stdout.splitlines()) < 400
 
+
+
+def test_train_on_a_terminal_shows_a_live_bar(tmp_path, tiny_overrides):
+    """stderr a terminal (a pseudo-terminal here): a live bar of the run's steps with its loss and learning rate
+    (rich, redrawn in place), and the run completes."""
+    import pty
+
+    over = [*tiny_overrides, "logging.progress=true", f"run.out_dir={tmp_path}"]
+    parent, child = pty.openpty()
+    env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1", "COLUMNS": "160"}
+    proc = subprocess.Popen([sys.executable, "-m", "quartet.cli", "train", *over], cwd=REPO, env=env,
+                            stdin=child, stdout=child, stderr=child)
+    os.close(child)
+    out = b""
+    with contextlib.suppress(OSError):  # EIO once the child closed its end
+        while chunk := os.read(parent, 65536):
+            out += chunk
+    os.close(parent)
+    assert proc.wait(timeout=600) == 0, out.decode(errors="replace")[-2000:]
+    n_steps = json.loads(run_dir(compose(over)).joinpath("summary.json").read_text())["steps"]
+    frames = [f for f in out.decode(errors="replace").replace("\r", "\n").splitlines() if " steps " in f]
+    assert any(f"{n_steps}/{n_steps}" in f and "loss " in f and " lr " in f for f in frames), frames[-3:]
 
 # ---------------------------------------------------------------- corrupt files: one line, exit 2, nothing lost
 
@@ -221,7 +243,7 @@ def test_ctrl_c_checkpoints_and_exits_130(tmp_path, tiny_overrides):
     env = {**os.environ, "WANDB_MODE": "disabled"}
     assert "run the same command again to resume" in out and (d / "ckpt" / "last.pt").is_file()
     bad = subprocess.run([sys.executable, "-X", "importtime", "-m", "quartet.cli", "train", "run.sed=1"], cwd=REPO,
-                         env=env, capture_output=True, text=True, timeout=120)
+                         env=env, capture_output=True, text=True, timeout=900)
     assert bad.returncode == 2 and "run.sed: unknown key" in bad.stderr
     assert not any(line.rstrip().endswith("| torch") for line in bad.stderr.splitlines())
 
@@ -236,7 +258,7 @@ def test_train_writes_nothing_into_the_home_folder(tmp_path, tiny_overrides):
     over = [o for o in tiny_overrides if not o.startswith("logging")] + [
         "logging.wandb.mode=offline", "logging.progress=false", f"run.out_dir={tmp_path / 'runs'}"]
     proc = subprocess.run([sys.executable, "-m", "quartet.cli", "train", *over], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert list(home.rglob("*")) == []
     assert (run_dir(compose(over)) / "wandb").is_dir()

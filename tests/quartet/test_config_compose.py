@@ -123,7 +123,7 @@ def test_config_file_replay_round_trip(tmp_path):
         load_config_file(tmp_path / "nope")
 
 
-def _cli(*args: str, env_extra: dict | None = None, timeout: int = 120):
+def _cli(*args: str, env_extra: dict | None = None, timeout: int = 600):
     env = {**os.environ, "WANDB_MODE": "disabled", **(env_extra or {})}
     return subprocess.run([sys.executable, "-m", "quartet.cli", *args], capture_output=True, text=True,
                           cwd=REPO, env=env, timeout=timeout)

@@ -64,7 +64,7 @@ def _train_until(over: list[str], d: Path, step: int) -> subprocess.Popen:
     """``quartet train`` in a subprocess, returned once its state.json records ``step`` (a checkpoint)."""
     proc = subprocess.Popen([sys.executable, "-m", "quartet.cli", "train", *over], cwd=REPO, env=ENV,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 120
+    deadline = time.time() + 600
     while time.time() < deadline:
         if proc.poll() is not None:
             raise AssertionError(proc.communicate()[1][-2000:])
@@ -86,7 +86,7 @@ def _files(d: Path) -> dict[str, bytes]:
 
 def _resume_completes(over: list[str], d: Path) -> None:
     res = subprocess.run([sys.executable, "-m", "quartet.cli", "train", *over], cwd=REPO, env=ENV,
-                         capture_output=True, text=True, timeout=300)
+                         capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "resuming" in (d / "train.log").read_text()
     rows = _rows(d)
@@ -109,7 +109,7 @@ def test_disk_full_while_training_is_one_line_failed_and_resumes(small_fs, tiny_
     proc = _train_until(over, d, 40)
     try:
         filler = _fill(small_fs)
-        out, err = proc.communicate(timeout=120)
+        out, err = proc.communicate(timeout=600)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -131,11 +131,11 @@ def test_read_only_disk_is_one_line_and_changes_nothing(small_fs, tiny_overrides
     d = run_dir(compose(over))
     proc = _train_until(over, d, 40)
     proc.send_signal(signal.SIGTERM)  # checkpoint and stop: preempted
-    assert proc.wait(timeout=120) == 0
+    assert proc.wait(timeout=600) == 0
     before = _files(d)
     subprocess.run(["mount", "-o", "remount,ro", str(small_fs)], check=True)
     res = subprocess.run([sys.executable, "-m", "quartet.cli", "train", *over], cwd=REPO, env=ENV,
-                         capture_output=True, text=True, timeout=300)
+                         capture_output=True, text=True, timeout=900)
     subprocess.run(["mount", "-o", "remount,rw", str(small_fs)], check=True)
     assert res.returncode == 1, res.stderr[-3000:]
     _one_line(res.stderr, "Read-only file system")

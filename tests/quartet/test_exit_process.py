@@ -40,7 +40,7 @@ def test_exit_process_runs_exit_handlers_flushes_and_keeps_the_code(tmp_path):
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)
     res = subprocess.run([sys.executable, "-c", SCRIPT, str(marker)], env=env, capture_output=True, text=True,
-                         timeout=120)
+                         timeout=600)
     assert res.returncode == 3, res.stdout[-2000:] + res.stderr[-2000:]
     assert res.stdout == "unflushed line without newline"
     assert marker.read_text() == "atexit ran after thread finished"  # threads joined first, then atexit
@@ -53,7 +53,7 @@ def test_the_console_script_ends_through_entry():
     assert 'quartet = "quartet.cli:entry"' in text
     # a command that creates no group ends through sys.exit with main's code
     res = subprocess.run([sys.executable, "-m", "quartet.cli", "nope"], cwd=REPO, capture_output=True, text=True,
-                         timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+                         timeout=600, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert res.returncode == 2 and "unknown command" in res.stderr
 
 
@@ -86,7 +86,7 @@ def test_entry_skips_the_teardown_only_after_a_process_group():
         env.pop(k, None)
     got = {}
     for how in ("group", "none"):
-        res = subprocess.run([sys.executable, "-c", ENTRY, how], env=env, capture_output=True, text=True, timeout=120)
+        res = subprocess.run([sys.executable, "-c", ENTRY, how], env=env, capture_output=True, text=True, timeout=600)
         assert res.returncode == 4, res.stdout[-2000:] + res.stderr[-2000:]
         got[how] = res.stdout
     assert got == {"group": "", "none": "teardown ran"}
