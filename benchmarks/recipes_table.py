@@ -11,7 +11,7 @@ recipes.png (every recipe in one figure). The whole chain, from the repository r
     tar xzf benchmarks/results/recipes/runs.tar.gz -C /tmp/recipes_runs
     tar xzf benchmarks/results/ladder/runs.tar.gz -C /tmp/recipes_runs --wildcards './ladder_1gpu/*-bf16-*'
     quartet ladder /tmp/recipes_runs --out benchmarks/results/recipes
-    quartet fit benchmarks/results/recipes/losses.csv --bootstrap 200 --json benchmarks/results/recipes/fit.json
+    quartet fit benchmarks/results/recipes/losses.csv --bootstrap 200 --min-params 0 --json benchmarks/results/recipes/fit.json
     python benchmarks/recipes_table.py
 
 (The ladder's bf16 runs at every cell are the base law's points; its runs of the recipe cells are in both archives
