@@ -287,7 +287,18 @@ def resources_for(profile: ClusterProfile, n_params: float) -> Resources:
     )
 
 
+def speedup_of(profile: ClusterProfile, precision: str) -> float:
+    """``profile.speedup[precision]``; a half-recipe variant (``<recipe>_fwd`` / ``_bwd``) not listed takes its
+    recipe's factor (it quantizes one half of the recipe's GEMMs: at most the recipe's cost); else 1.0."""
+    from quartet.quant.config import half_variants
+
+    if precision in profile.speedup:
+        return float(profile.speedup[precision])
+    recipe = half_variants().get(precision, (precision,))[0]
+    return float(profile.speedup.get(recipe, 1.0))
+
+
 def gpu_hours(profile: ClusterProfile, n_params: float, tokens: float, precision: str) -> float:
     """The documented estimate: 6·N·D FLOPs at ``peak * mfu * speedup[precision]`` per device."""
-    rate = profile.peak_flops_per_gpu * profile.mfu * float(profile.speedup.get(precision, 1.0))
+    rate = profile.peak_flops_per_gpu * profile.mfu * speedup_of(profile, precision)
     return 6.0 * n_params * tokens / rate / 3600.0

@@ -201,3 +201,15 @@ def test_data_error_on_gpu_pool_is_one_line_nothing_started(tmp_path, files, mon
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("quartet sweep: error: preparing data shakespeare_small (/dev/null/nope)")
     assert not root.exists()
+
+
+def test_a_half_recipe_variant_is_estimated_at_its_recipes_speed():
+    """`<recipe>_fwd` / `_bwd` are not listed in a profile's speedup table: the GPU-hour estimate takes the recipe's
+    factor (not bf16's 1.0, which would under-count a 4-bit recipe's half several times over)."""
+    from cluster.profiles import gpu_hours
+
+    prof = load_profile("local_gpu")
+    assert "nvfp4_fwd" not in prof.speedup and prof.speedup["nvfp4"] < 1
+    for variant in ("nvfp4_fwd", "nvfp4_bwd"):
+        assert gpu_hours(prof, 7e6, 35e6, variant) == gpu_hours(prof, 7e6, 35e6, "nvfp4")
+    assert gpu_hours(prof, 7e6, 35e6, "bf16") < gpu_hours(prof, 7e6, 35e6, "nvfp4")
