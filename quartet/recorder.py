@@ -48,9 +48,26 @@ def _now() -> str:
 
 def write_json_atomic(path: Path, obj) -> None:
     """JSON written to a tmp file and os.replace'd (readers never see a partial file)."""
+    _replace_text(path, json.dumps(obj, indent=2, default=str))
+
+
+def _replace_text(path: Path, text: str) -> None:
+    """``text`` written to a tmp file and os.replace'd."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, default=str))
+    tmp.write_text(text)
     os.replace(tmp, path)
+
+
+def step_ranges(steps: list[int]) -> str:
+    """Sorted steps as ranges: ``[1, 2, 3, 7]`` -> ``"1-3,7"``."""
+    out, start = [], None
+    for i, s in enumerate(steps):
+        if start is None:
+            start = s
+        if i + 1 == len(steps) or steps[i + 1] != s + 1:
+            out.append(f"{start}-{s}" if s != start else str(s))
+            start = None
+    return ",".join(out)
 
 
 def environment_info(device: torch.device) -> dict:
@@ -159,6 +176,10 @@ class RunRecorder:
         self.total_steps = total_steps
         self.is_main = is_main
         self.wandb: WandbMirror | None = None
+        #: rows of steps 1..(the resumed step) that were lost before a resume (``{"rows", "steps"}``), else None;
+        #: recorded in state.json and summary.json, so a completed run's curve is whole or says it is not
+        self.metrics_gap: dict | None = None
+        self._metrics_fh = None  # metrics.jsonl while the loop appends to it
         self._pid_start = process_start(os.getpid())  # recorded in state.json: status tells pid reuse apart
         self._handlers: list[logging.Handler] = []
         self.log = logging.getLogger(f"quartet.train.{run_id}.{id(self)}")
@@ -187,20 +208,43 @@ class RunRecorder:
         A torn last line (a crash mid-write) is not JSON and is skipped; valid JSON that is not an object
         with a numeric step was put there by something else, and the file is left as it is.
         """
+        return self._read_metrics()[0]
+
+    def _read_metrics(self) -> tuple[list[tuple[str, dict]], int]:
+        """(:meth:`metrics_rows`, the number of lines skipped as torn)."""
         path = self.dir / "metrics.jsonl"
         if not path.is_file():
-            return []
-        rows = []
+            return [], 0
+        rows, torn = [], 0
         for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
             try:
                 row = json.loads(line)
             except json.JSONDecodeError:
+                torn += line.strip() != ""
                 continue
             if not isinstance(row, dict) or not isinstance(row.get("step", 0), (int, float)):
                 raise QuartetError(f"{path}: line {number} is {line.strip()[:40]!r}, not a metrics row (a JSON object "
                                    f"with a numeric step); delete or fix that line, then run the same command again")
             rows.append((line, row))
-        return rows
+        return rows, torn
+
+    def metrics_lines(self, step: int) -> list[str]:
+        """The lines of metrics.jsonl's rows of steps 1..``step`` (no final row), as a trunk keeps them with a branch
+        point."""
+        return [line for line, row in self.metrics_rows() if row.get("step", 0) <= step and not row.get("final")]
+
+    def write_metrics_lines(self, lines: list[str]) -> None:
+        """Replace metrics.jsonl by ``lines`` atomically (a branch's first start: its trunk's rows)."""
+        if self.is_main:
+            _replace_text(self.dir / "metrics.jsonl", "".join(line + "\n" for line in lines))
+
+    def sync_metrics(self) -> None:
+        """Flush metrics.jsonl to disk (before a checkpoint: a power loss must not keep the checkpoint of step s and
+        lose rows up to s)."""
+        if self._metrics_fh is not None:
+            with contextlib.suppress(OSError):  # a full disk: the checkpoint's own write says so
+                self._metrics_fh.flush()
+                os.fsync(self._metrics_fh.fileno())
 
     # -- start ------------------------------------------------------------------------------
     def open_log(self) -> None:
@@ -229,32 +273,48 @@ class RunRecorder:
         write_json_atomic(self.dir / "env.json", environment_info(device))
         write_json_atomic(self.dir / "quant_map.json", plan.to_dict())
 
-    def begin(self, step: int, wcfg, config: dict) -> None:
-        """Training starts (or resumes) at ``step``: drop metrics rows past it, state "running", open the wandb mirror."""
+    def begin(self, step: int, wcfg, config: dict, logged: list[int] = ()) -> None:
+        """Training starts (or resumes) at ``step``: drop metrics rows past it (and torn lines), check that the rows of
+        the steps in ``logged`` (those written up to ``step``) are there, state "running", open the wandb mirror."""
         if not self.is_main:
             return
-        self._truncate_metrics(step)
+        present = self._truncate_metrics(step)
+        self._check_rows(step, logged, present)
         self._reserve_space()
         self.write_state("running", step)
         self.wandb = WandbMirror(wcfg, self.dir, self.run_id, config, self.log)
 
-    def _truncate_metrics(self, step: int) -> None:
+    def _truncate_metrics(self, step: int) -> set[int]:
         """Drop metric rows newer than the checkpoint (written before a crash, recomputed on resume), any final row
         (a run being trained has no summary.json, so a final row is one whose summary was never written: the final
-        evaluation writes it again) and a second row of one step, so that each step appears once."""
+        evaluation writes it again), torn lines and a second row of one step, so that each step appears once. Returns
+        the steps whose rows it kept."""
         path = self.dir / "metrics.jsonl"
         if not path.is_file():
-            return
+            return set()
         keep, seen = [], set()
-        for line, row in self.metrics_rows():
+        rows, torn = self._read_metrics()
+        for line, row in rows:
             s = row.get("step", 0)
             if s > step or row.get("final") or s in seen:
                 continue
             seen.add(s)
             keep.append(line)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text("".join(k + "\n" for k in keep))
-        os.replace(tmp, path)
+        if torn:
+            self.log.warning("metrics.jsonl: dropped %d torn line(s) (a write cut short by a crash or power loss)", torn)
+        _replace_text(path, "".join(k + "\n" for k in keep))
+        return seen
+
+    def _check_rows(self, step: int, logged, present: set) -> None:
+        """Record the rows of steps 1..``step`` in ``logged`` that metrics.jsonl lacks (:attr:`metrics_gap`), with one
+        warning line: they cannot be recomputed without training again from step 0."""
+        missing = sorted({int(s) for s in logged} - set(present))
+        self.metrics_gap = {"rows": len(missing), "steps": step_ranges(missing)} if missing else None
+        if missing:
+            self.log.warning("metrics.jsonl lacks %d row(s) of steps 1..%d (steps %s), lost before this start (a torn "
+                             "write after a power loss, or the file deleted or edited); training goes on exactly, the "
+                             "curve keeps this gap (metrics_gap in state.json and summary.json)", len(missing), step,
+                             self.metrics_gap["steps"])
 
     def _reserve_space(self) -> None:
         """Set :data:`RESERVE_BYTES` aside in the run directory (best effort; see :data:`RESERVE_FILE`)."""
@@ -285,6 +345,7 @@ class RunRecorder:
             "total_steps": self.total_steps, "updated": _now(), "error": error,
             "job_id": os.environ.get("SLURM_JOB_ID") or prev.get("job_id"), "host": socket.gethostname(),
             "run_id": self.run_id, "pid": os.getpid(), "pid_start": self._pid_start,
+            **({"metrics_gap": self.metrics_gap} if self.metrics_gap else {}),
         })
 
     @contextlib.contextmanager
@@ -294,7 +355,7 @@ class RunRecorder:
         mirrors it to wandb and shows it: a live bar on a terminal, a log line per row otherwise (``show``)."""
         from tqdm.auto import tqdm
 
-        metrics = open(self.dir / "metrics.jsonl", "a") if self.is_main else None
+        metrics = self._metrics_fh = open(self.dir / "metrics.jsonl", "a") if self.is_main else None
         live = self.is_main and show and sys.stderr.isatty()
         plain = self.is_main and show and not live
         bar = tqdm(total=self.total_steps, initial=step, disable=not live, unit="step", desc=self.run_id,
@@ -317,6 +378,7 @@ class RunRecorder:
             yield record
         finally:
             bar.close()
+            self._metrics_fh = None
             if metrics is not None:
                 with contextlib.suppress(OSError):  # a full disk: the run's own error says so
                     metrics.close()
@@ -331,6 +393,8 @@ class RunRecorder:
             fh.write(json.dumps({"step": steps, "tokens": summary["tokens"], "val_loss": val_loss, "final": True}) + "\n")
         if self.wandb is not None:
             self.wandb.log_row({"val_loss": val_loss, "final_val_loss": val_loss}, steps)
+        if self.metrics_gap:
+            summary["metrics_gap"] = self.metrics_gap
         write_json_atomic(self.dir / "summary.json", summary)
         self.write_state("completed", steps)
         self.log.info("completed %s: val_loss %.4f after %d steps (%.0f s)", self.run_id, val_loss, steps,

@@ -116,6 +116,11 @@ class BranchWaitingError(QuartetError):
     """A budget branch whose trunk has not yet saved the checkpoint it starts from (one-line message)."""
 
 
+class BranchSourceLostError(QuartetError):
+    """A budget branch whose trunk finished without a good checkpoint at the branch step: waiting cannot help (one
+    line saying what happened and the two ways back, as commands)."""
+
+
 def branch_checkpoint(trunk_dir: Path, step: int) -> Path:
     """``<trunk>/ckpt/branch_<step>.pt``: the trunk's state after update ``step``, kept for a budget branch."""
     return Path(trunk_dir) / "ckpt" / f"branch_{int(step)}.pt"
@@ -189,6 +194,9 @@ class Trainer:
         self._dir_id: tuple[int, int] | None = None  # the run directory trained in (rank 0): detects a move
         self.step = 0
         self.elapsed_prev = 0.0
+        #: the steps whose metrics row the run has written (or a resume found lost): rows 1..step of metrics.jsonl
+        #: should be these; kept in every checkpoint, so a resume notices rows that went missing since
+        self.logged_steps: list[int] = []
         #: the run directory's files other than checkpoints (state, metrics, summary, logs, wandb)
         self.record = RunRecorder(self.dir, self.run_id, self.res.steps, self.is_main)
         self.log = self.record.log
@@ -247,8 +255,28 @@ class Trainer:
             return
         if not self.branch_src.is_file():
             b = self.cfg.branch
+            if self._trunk_finished():
+                raise self._branch_source_lost("is missing")
             raise BranchWaitingError(f"branch {self.run_id} waits for its trunk {b.trunk} to save step {b.step} "
                                      f"({self.branch_src} is not there yet); launch it again once the trunk got there")
+
+    def _trunk_finished(self) -> bool:
+        """Whether this branch's trunk completed (its summary.json exists): it will write no branch point again."""
+        return (self.branch_src.parent.parent / "summary.json").is_file()
+
+    def _branch_source_lost(self, why: str) -> BranchSourceLostError:
+        """The error of a branch whose finished trunk lacks a good ``branch_<step>.pt``, with the two ways back."""
+        b, trunk_dir = self.cfg.branch, self.branch_src.parent.parent
+        own = self.dir / "config.yaml"
+        scratch = (f"quartet train --config-file {own} branch.trunk=null branch.step=null" if own.is_file()
+                   else "the same quartet train command with branch.trunk=null branch.step=null")
+        return BranchSourceLostError(
+            f"branch {self.run_id} cannot start: its trunk {b.trunk} is finished but {self.branch_src} {why}, and a "
+            f"finished trunk never writes it again (was the trunk's ckpt/ deleted to free disk?); either train this "
+            f"budget from scratch (the same WSD run, its own run id): {scratch}; or retrain the trunk (all its steps) "
+            f"so that it keeps step {b.step} again: mv {trunk_dir / 'summary.json'} {trunk_dir / 'summary.json.old'} "
+            f"&& rm -r {trunk_dir / 'ckpt'} && quartet train --config-file {trunk_dir / 'config.yaml'}, then launch "
+            f"this branch again")
 
     def _compiled(self, module: torch.nn.Module) -> torch.nn.Module:
         """The module the step runs, compiled when run.compile (after DDP / FSDP2 wrapping, quartet.parallel.wrap)."""
@@ -276,11 +304,13 @@ class Trainer:
             "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
                     "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
             "elapsed_s": self.elapsed_prev + (time.time() - self._t_start if hasattr(self, "_t_start") else 0.0),
+            "metrics_steps": list(self.logged_steps),
         }
 
     def save_checkpoint(self) -> None:
         """Write ckpt/last.pt atomically with a checksum, the old one kept as ckpt/prev.pt (rank 0; all ranks wait);
         under FSDP every rank writes its shards into the folder ckpt/last (old one: ckpt/prev)."""
+        self.record.sync_metrics()  # rows 1..step on disk before the checkpoint that says they are there
         if self.is_main or self.parallel == "fsdp":
             state = self._state()
             if self.parallel == "fsdp":  # collective: every rank writes its shards
@@ -292,10 +322,13 @@ class Trainer:
 
     def save_branch_point(self) -> None:
         """A trunk keeps its state after this update as ckpt/branch_<step>.pt: atomic and checksummed like last.pt,
-        never rotated (a resumed trunk that passes the step again writes the same state again)."""
+        never rotated (a resumed trunk that passes the step again writes the same state again). It holds the trunk's
+        metrics rows 1..step too (``metrics``): a branch's history is exactly those, whatever the trunk's live
+        metrics.jsonl says when the branch starts (a resuming trunk cuts it back to its last.pt)."""
         if self.is_main:
             ckpt_io.save_atomic({**self._state(), "model": self.model.state_dict(),
-                                 "optimizer": self.optimizer.state_dict()},
+                                 "optimizer": self.optimizer.state_dict(),
+                                 "metrics": self.record.metrics_lines(self.step)},
                                 branch_checkpoint(self.dir, self.step), keep_prev=False)
         qdist.barrier(self.dist)
 
@@ -321,6 +354,14 @@ class Trainer:
                                f"{str(state.get('config_hash'))[:8]} != {self.config_hash[:8]}); move it away")
         self._restore(state)
         self.elapsed_prev = float(state.get("elapsed_s", 0.0))
+        self.logged_steps = self._steps_logged(state)
+
+    def _steps_logged(self, state: dict) -> list[int]:
+        """The steps up to the checkpoint's whose metrics row was written: recorded in the checkpoint, or (one written
+        before they were) those this run's logging settings log."""
+        if state.get("metrics_steps") is not None:
+            return [int(s) for s in state["metrics_steps"]]
+        return [t for t in range(1, self.step + 1) if any(self._row_due(t))]
 
     def _start_branch(self) -> None:
         """A budget branch's first start: its trunk's state at the branch step (model, optimizer, data position, RNG),
@@ -329,7 +370,12 @@ class Trainer:
         import shutil
 
         b, path = self.cfg.branch, self.branch_src
-        state = ckpt_io.load(path, map_location=self.device, warn=self.log.warning if self.is_main else None)
+        try:
+            state = ckpt_io.load(path, map_location=self.device, warn=self.log.warning if self.is_main else None)
+        except ckpt_io.CheckpointError as exc:
+            if self._trunk_finished():
+                raise self._branch_source_lost(f"is unusable ({str(exc).removeprefix(f'{path}: ')})") from None
+            raise
         if state.get("run_id") != str(b.trunk) or int(state.get("step", -1)) != int(b.step):
             raise QuartetError(f"{path} is run {state.get('run_id')} at step {state.get('step')}, not trunk {b.trunk} "
                                f"at step {b.step}; move it away")
@@ -337,7 +383,11 @@ class Trainer:
         for group, base in zip(self.optimizer.param_groups, self.scheduler.base_lrs):
             group["lr"] = base * self.scheduler.lr_lambdas[0](self.step)
         self.elapsed_prev = 0.0  # a branch's wall time is its own decay's
-        trunk_metrics = path.parent.parent / "metrics.jsonl"
+        self.logged_steps = self._steps_logged(state)
+        if state.get("metrics") is not None:  # the trunk's rows 1..step, as they were when it saved this state
+            self.record.write_metrics_lines(state["metrics"])
+            return
+        trunk_metrics = path.parent.parent / "metrics.jsonl"  # a branch point written before it kept its rows
         if self.is_main and trunk_metrics.is_file():  # begin() drops its rows past the branch step
             shutil.copyfile(trunk_metrics, self.dir / "metrics.jsonl")
 
@@ -544,7 +594,8 @@ class Trainer:
                 resuming = False
                 self.log.info("branching %s from trunk %s at step %d/%d", self.run_id, self.cfg.branch.trunk,
                               self.step, self.res.steps)
-            self.record.begin(self.step, self.cfg.logging.wandb, {**to_container(self.cfg), "run_id": self.run_id})
+            self.record.begin(self.step, self.cfg.logging.wandb, {**to_container(self.cfg), "run_id": self.run_id},
+                              logged=self.logged_steps)
             r = self.res
             self.log.info("run %s -> %s", self.run_id, self.dir)
             self.log.info("model %s: N=%s non-embedding (%s total), D=%s tokens, %d steps (warm-up %d) of %d x %d "
@@ -586,7 +637,10 @@ class Trainer:
                 lr = self.optimizer.param_groups[0]["lr"]
                 loss_v, gn_v = self._step()
                 s = self.step
-                record(self._metrics_row(s, loss_v, lr, gn_v), s, loss_v, lr)
+                row = self._metrics_row(s, loss_v, lr, gn_v)
+                record(row, s, loss_v, lr)
+                if row is not None:
+                    self.logged_steps.append(s)
                 if self.is_main:
                     for fn in self.callbacks:
                         fn(self, {"step": s, "loss": loss_v, "grad_norm": gn_v, "lr": lr})
@@ -614,14 +668,20 @@ class Trainer:
         return {"state": "preempted", "run_id": self.run_id, "step": self.step, "steps": self.res.steps,
                 "run_dir": str(self.dir)}
 
+    def _row_due(self, s: int) -> tuple[bool, bool]:
+        """(a training row, a validation loss) due at update ``s``: see :meth:`_metrics_row`."""
+        r, lcfg = self.res, self.cfg.logging
+        log = s % int(lcfg.log_every) == 0 or s == r.steps or s == 1
+        return log, int(lcfg.val_every) > 0 and s % int(lcfg.val_every) == 0 and s != r.steps
+
     def _metrics_row(self, s: int, loss_v: float, lr: float, gn_v: float) -> dict | None:
         """The metrics row of update ``s`` (None when it logs nothing): every ``log_every`` steps, the first and
         the last (with throughput since the previous one), and every ``val_every`` (with a validation loss,
         except at the last step, whose full pass is the final row). Collective: every rank calls it."""
         r, lcfg = self.res, self.cfg.logging
-        validate = int(lcfg.val_every) > 0 and s % int(lcfg.val_every) == 0 and s != r.steps
+        log, validate = self._row_due(s)
         row = None
-        if s % int(lcfg.log_every) == 0 or s == r.steps or s == 1:
+        if log:
             now = time.time()
             t_last, step_last = self._last_row
             row = {"step": s, "tokens": s * r.tokens_per_step, "loss": loss_v, "lr": lr, "grad_norm": gn_v,
