@@ -141,11 +141,11 @@ def waits_for_trunk(run: PlannedRun) -> bool:
     """A budget branch that cannot start yet: no checkpoint of its own, and its trunk's is not there yet (a finished
     trunk will never write it: such a branch is started, and fails saying so)."""
     from quartet import checkpoint as ckpt_io
-    from quartet.train import branch_source
+    from quartet import paths
 
-    src = branch_source(run.cfg, run.run_dir)
-    return (src is not None and not src.is_file() and not (src.parent.parent / "summary.json").is_file()
-            and not ckpt_io.exists(run.run_dir / "ckpt" / "last.pt"))
+    src = paths.branch_source(run.cfg, run.run_dir)
+    return (src is not None and not src.is_file() and not (paths.trunk_of(src) / paths.SUMMARY).is_file()
+            and not ckpt_io.exists(paths.last_checkpoint(run.run_dir)))
 
 
 def _hold(run: PlannedRun, why: str) -> None:

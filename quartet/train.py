@@ -40,7 +40,8 @@ from quartet.config import ResolvedRun, compose, load_config_file, resolve, to_c
 from quartet.data import WindowSampler, open_data, read_windows, val_windows
 from quartet.errors import NonFiniteError, QuartetError
 from quartet.model import BlockLinear, Llama
-from quartet.paths import apply_shared_umask
+from quartet import paths
+from quartet.paths import apply_shared_umask, branch_source
 from quartet.recorder import RunRecorder, diagnose_non_finite, make_summary
 from quartet.runs import config_hash, run_dir, run_id
 
@@ -119,20 +120,6 @@ class BranchWaitingError(QuartetError):
 class BranchSourceLostError(QuartetError):
     """A budget branch whose trunk finished without a good checkpoint at the branch step: waiting cannot help (one
     line saying what happened and the two ways back, as commands)."""
-
-
-def branch_checkpoint(trunk_dir: Path, step: int) -> Path:
-    """``<trunk>/ckpt/branch_<step>.pt``: the trunk's state after update ``step``, kept for a budget branch."""
-    return Path(trunk_dir) / "ckpt" / f"branch_{int(step)}.pt"
-
-
-def branch_source(cfg: DictConfig, own_dir: Path) -> Path | None:
-    """The trunk checkpoint a budget branch starts from (its trunk is a folder beside ``own_dir``); None when
-    ``cfg`` is not a branch."""
-    b = cfg.get("branch")
-    if b is None or b.get("trunk") is None:
-        return None
-    return branch_checkpoint(Path(own_dir).parent / str(b.trunk), int(b.step))
 
 
 class RunDirMovedError(QuartetError):
@@ -251,7 +238,7 @@ class Trainer:
             from quartet.errors import ConfigError
 
             raise ConfigError("budget branches keep one-file checkpoints: they need run.parallel=ddp, not fsdp")
-        if self.branch_src is None or (self.dir / "summary.json").exists() or ckpt_io.exists(self.ckpt_path):
+        if self.branch_src is None or (self.dir / paths.SUMMARY).exists() or ckpt_io.exists(self.ckpt_path):
             return
         if not self.branch_src.is_file():
             b = self.cfg.branch
@@ -262,20 +249,20 @@ class Trainer:
 
     def _trunk_finished(self) -> bool:
         """Whether this branch's trunk completed (its summary.json exists): it will write no branch point again."""
-        return (self.branch_src.parent.parent / "summary.json").is_file()
+        return (paths.trunk_of(self.branch_src) / paths.SUMMARY).is_file()
 
     def _branch_source_lost(self, why: str) -> BranchSourceLostError:
         """The error of a branch whose finished trunk lacks a good ``branch_<step>.pt``, with the two ways back."""
-        b, trunk_dir = self.cfg.branch, self.branch_src.parent.parent
-        own = self.dir / "config.yaml"
+        b, trunk_dir = self.cfg.branch, paths.trunk_of(self.branch_src)
+        own = self.dir / paths.CONFIG
         scratch = (f"quartet train --config-file {own} branch.trunk=null branch.step=null" if own.is_file()
                    else "the same quartet train command with branch.trunk=null branch.step=null")
         return BranchSourceLostError(
             f"branch {self.run_id} cannot start: its trunk {b.trunk} is finished but {self.branch_src} {why}, and a "
             f"finished trunk never writes it again (was the trunk's ckpt/ deleted to free disk?); either train this "
             f"budget from scratch (the same WSD run, its own run id): {scratch}; or retrain the trunk (all its steps) "
-            f"so that it keeps step {b.step} again: mv {trunk_dir / 'summary.json'} {trunk_dir / 'summary.json.old'} "
-            f"&& rm -r {trunk_dir / 'ckpt'} && quartet train --config-file {trunk_dir / 'config.yaml'}, then launch "
+            f"so that it keeps step {b.step} again: mv {trunk_dir / paths.SUMMARY} {trunk_dir / paths.SUMMARY}.old "
+            f"&& rm -r {trunk_dir / paths.CKPT} && quartet train --config-file {trunk_dir / paths.CONFIG}, then launch "
             f"this branch again")
 
     def _compiled(self, module: torch.nn.Module) -> torch.nn.Module:
@@ -294,7 +281,7 @@ class Trainer:
     @property
     def ckpt_path(self) -> Path:
         """ckpt/last.pt, or the folder ckpt/last of a sharded (FSDP) checkpoint."""
-        return self.dir / "ckpt" / ("last" if self.parallel == "fsdp" else "last.pt")
+        return paths.last_checkpoint(self.dir, sharded=self.parallel == "fsdp")
 
     def _state(self) -> dict:
         """What a checkpoint holds besides model and optimizer (step, scheduler, sampler, RNG, wall time)."""
@@ -329,17 +316,17 @@ class Trainer:
             ckpt_io.save_atomic({**self._state(), "model": self.model.state_dict(),
                                  "optimizer": self.optimizer.state_dict(),
                                  "metrics": self.record.metrics_lines(self.step)},
-                                branch_checkpoint(self.dir, self.step), keep_prev=False)
+                                paths.branch_point(self.dir, self.step), keep_prev=False)
         qdist.barrier(self.dist)
 
     def _check_ckpt_kind(self) -> None:
         """Refuse (one line) a checkpoint written under the other parallelism rather than restart from step 0."""
-        ckpt = self.dir / "ckpt"
-        ours = ckpt_io.sharded_exists(ckpt / "last") if self.parallel == "fsdp" else ckpt_io.exists(ckpt / "last.pt")
-        theirs = ckpt_io.exists(ckpt / "last.pt") if self.parallel == "fsdp" else ckpt_io.sharded_exists(ckpt / "last")
+        one, folder = paths.last_checkpoint(self.dir), paths.last_checkpoint(self.dir, sharded=True)
+        ours = ckpt_io.sharded_exists(folder) if self.parallel == "fsdp" else ckpt_io.exists(one)
+        theirs = ckpt_io.exists(one) if self.parallel == "fsdp" else ckpt_io.sharded_exists(folder)
         if theirs and not ours:
             other = "ddp" if self.parallel == "fsdp" else "fsdp"
-            raise QuartetError(f"{ckpt} holds a run.parallel={other} checkpoint; resume with run.parallel={other}")
+            raise QuartetError(f"{self.dir / paths.CKPT} holds a run.parallel={other} checkpoint; resume with run.parallel={other}")
 
     def _load_checkpoint(self) -> None:
         """Restore from ckpt/last.pt, or ckpt/prev.pt when last.pt is bad (one warning line; see quartet.checkpoint)."""
@@ -387,9 +374,9 @@ class Trainer:
         if state.get("metrics") is not None:  # the trunk's rows 1..step, as they were when it saved this state
             self.record.write_metrics_lines(state["metrics"])
             return
-        trunk_metrics = path.parent.parent / "metrics.jsonl"  # a branch point written before it kept its rows
+        trunk_metrics = paths.trunk_of(path) / paths.METRICS  # a branch point written before it kept its rows
         if self.is_main and trunk_metrics.is_file():  # begin() drops its rows past the branch step
-            shutil.copyfile(trunk_metrics, self.dir / "metrics.jsonl")
+            shutil.copyfile(trunk_metrics, self.dir / paths.METRICS)
 
     def _restore(self, state: dict) -> None:
         """Model (unless FSDP restored it in place), optimizer, scheduler, sampler, RNG and step from ``state``."""
@@ -541,7 +528,7 @@ class Trainer:
                 lock.release()
             qdist.teardown(self.dist)
             raise refused or runlock.RunLockedError(f"run {self.run_id}: rank 0 found it being trained by another "
-                                                    f"process (see {self.dir / runlock.LOCK_FILE})")
+                                                    f"process (see {self.dir / paths.TRAIN_LOCK})")
         return lock
 
     def _dir_moved(self) -> bool:
@@ -567,7 +554,7 @@ class Trainer:
             self.record.dir = new  # fail() records the reason where the run now is
             return RunDirMovedError(
                 f"run directory {old} was moved to {new} while training (step {self.step}); stopped without writing "
-                f"to the old path; resume there from its last checkpoint: quartet train --config-file {new / 'config.yaml'}")
+                f"to the old path; resume there from its last checkpoint: quartet train --config-file {new / paths.CONFIG}")
         self.record.is_main = False  # nowhere to record it: the old path is not this run's any more
         return RunDirMovedError(
             f"run directory {old} vanished or was replaced while training (step {self.step}); stopped without writing "
@@ -575,7 +562,7 @@ class Trainer:
 
     def _run_locked(self) -> dict:
         if self.is_main:
-            (self.dir / "ckpt").mkdir(parents=True, exist_ok=True)
+            (self.dir / paths.CKPT).mkdir(parents=True, exist_ok=True)
             self._dir_id = _dir_key(self.dir)
         qdist.barrier(self.dist)
         self.record.open_log()
@@ -748,10 +735,6 @@ def _install_stop_signals(trainer: Trainer) -> dict:
     return received
 
 
-#: files that make a folder a run directory (something trained, or is training, there)
-_RUN_FILES = ("state.json", "metrics.jsonl", "summary.json", "ckpt", runlock.LOCK_FILE)
-
-
 def where_config_lives(cfg: DictConfig, config_file: str | Path, overrides: list[str]) -> DictConfig:
     """A run replayed from ``<dir>/config.yaml`` trains in ``<dir>`` when ``<dir>`` is named after the run's id: a
     copied or moved run directory trains (and resumes from its checkpoint) where it is now, not at the path its
@@ -764,7 +747,7 @@ def where_config_lives(cfg: DictConfig, config_file: str | Path, overrides: list
         return cfg
     own = run_id(cfg) if not overrides else run_id(load_config_file(config_file))
     if home.name != own:
-        if any((home / f).exists() for f in _RUN_FILES):
+        if any((home / f).exists() for f in paths.RUN_MARKERS):
             raise QuartetError(f"{home} holds a run's files but its config.yaml is run {own} (was the folder renamed, "
                                f"or config.yaml edited?); rename the folder to {own}, or copy config.yaml to a "
                                f"folder of its own, then run again")
@@ -784,7 +767,7 @@ def os_error_line(exc: OSError, directory: Path | None) -> str:
         return f"{what}; {permission_hint(exc.filename or directory)}"
     fix = {errno.ENOSPC: "free space on that file system", errno.EDQUOT: "free space within your disk quota",
            errno.EROFS: "the file system is read-only: remount it read-write or set run.out_dir elsewhere"}
-    err = directory / "error.txt" if directory is not None else None
+    err = directory / paths.ERROR if directory is not None else None
     saved = (f"the run is marked failed, details in {err}" if err is not None and err.is_file() and err.stat().st_size
              else "nothing more could be recorded")
     return (f"{what}; {saved}; {fix.get(exc.errno, 'fix the cause')}, then run the same command again "

@@ -16,7 +16,8 @@ from quartet import checkpoint as ckpt_io
 from quartet.config import compose, resolve
 from quartet.errors import ConfigError
 from quartet.runs import run_dir, run_id
-from quartet.train import BranchWaitingError, Trainer, branch_checkpoint, wsd_lr_at
+from quartet.paths import branch_point
+from quartet.train import BranchWaitingError, Trainer, wsd_lr_at
 
 #: 512 tokens a step: a 24-step WSD run (decay from update 19), the trunk to update 19, warm-up 3 for every budget
 WSD = ["optim.micro_batch_size=4", "optim.schedule=wsd", "optim.decay_fraction=0.2", "optim.warmup_steps=3",
@@ -96,7 +97,7 @@ def test_branch_starts_at_the_trunk_state_and_equals_an_independent_wsd_run(tiny
     assert Trainer(trunk).run()["state"] == "completed"
     tdir = run_dir(trunk)
     for s in SAVE:  # kept beside last.pt, never rotated into prev.pt
-        state = ckpt_io.load(branch_checkpoint(tdir, s))
+        state = ckpt_io.load(branch_point(tdir, s))
         assert state["step"] == s and state["run_id"] == run_id(trunk)
         for k, v in at[s].items():
             assert torch.equal(state["model"][k], v), (s, k)
@@ -132,13 +133,13 @@ def test_killed_trunk_and_branch_resume_bit_exact(tiny_cfg, tmp_path):
     with pytest.raises(KeyboardInterrupt):
         t.run()
     tdir = run_dir(trunk)
-    assert ckpt_io.load(tdir / "ckpt" / "last.pt")["step"] == 10 and branch_checkpoint(tdir, 11).is_file()
+    assert ckpt_io.load(tdir / "ckpt" / "last.pt")["step"] == 10 and branch_point(tdir, 11).is_file()
     seen = []
     t = Trainer(trunk)
     t.callbacks.append(lambda tr, row: seen.append(row["step"]))
     assert t.run()["state"] == "completed" and seen[0] == 11
     for s in SAVE:
-        a, b = ckpt_io.load(branch_checkpoint(run_dir(ref_trunk), s)), ckpt_io.load(branch_checkpoint(tdir, s))
+        a, b = ckpt_io.load(branch_point(run_dir(ref_trunk), s)), ckpt_io.load(branch_point(tdir, s))
         assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"]), s
 
     bcfg = branch_cfg(tiny_cfg, trunk)
@@ -212,7 +213,7 @@ def test_branch_of_a_finished_trunk_without_its_branch_point_says_so_and_both_wa
     Trainer(trunk).run()
     tdir = run_dir(trunk)
     bcfg = branch_cfg(tiny_cfg, trunk)
-    point = branch_checkpoint(tdir, TRUNK_STEPS)
+    point = branch_point(tdir, TRUNK_STEPS)
     point.write_bytes(point.read_bytes()[:-100])
     with pytest.raises(BranchSourceLostError, match=f"its trunk {run_id(trunk)} is finished but .*branch_19.pt is "
                                                     f"unusable \\(truncated"):
