@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.errors import AnalysisError
+from quartet import paths
 
 log = logging.getLogger(__name__)
 
@@ -237,15 +238,6 @@ def load_paper() -> pd.DataFrame:
 
 
 # ---------------------------------------------------------------- runs directory
-def _read_json(path: Path) -> dict | None:
-    """A JSON object from ``path``, or None when it is missing, not UTF-8, not JSON or not an object."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):  # ValueError covers JSONDecodeError and UnicodeDecodeError
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def _read_yaml(path: Path) -> dict:
     if not path.exists():
         return {}
@@ -269,11 +261,11 @@ def _nested(d: dict, dotted: str, default=None):
 
 def _run_dirs(root: Path) -> list[Path]:
     # A run folder is one the trainer or the cluster has touched (config.yaml alone may be a snapshot).
-    markers = ("summary.json", "state.json", "metrics.jsonl")
+    markers = (paths.SUMMARY, paths.STATE, paths.METRICS)
     found = set()
     for m in markers:
         for p in root.rglob(m):
-            if "ckpt" in p.parts or "wandb" in p.parts:
+            if paths.CKPT in p.parts or "wandb" in p.parts:
                 continue
             found.add(p.parent)
     return sorted(found)
@@ -292,24 +284,25 @@ def load_runs_dir(root: str | Path) -> pd.DataFrame:
     rows, dropped = [], []
     for run_dir in _run_dirs(root):
         rid = run_dir.name
-        summary = _read_json(run_dir / "summary.json") if (run_dir / "summary.json").exists() else None
-        if summary is None:
-            state = _read_json(run_dir / "state.json") or {}
+        end = paths.outcome(run_dir)
+        if end != "finished":
+            state = paths.read_state(run_dir)
             st = state.get("state", "unknown")
-            if (run_dir / "summary.json").exists():
-                reason = f"{run_dir / 'summary.json'} is unreadable (not a UTF-8 JSON object)"
-            elif st == "failed":
+            if end == "corrupt":
+                reason = f"{run_dir / paths.SUMMARY} is unreadable (not a UTF-8 JSON object)"
+            elif end == "failed":
                 err = (state.get("error") or "").strip().splitlines()
                 reason = f"failed at step {state.get('step')}: {err[-1] if err else 'see error.txt'}"
             else:
                 reason = f"unfinished (state {st}, step {state.get('step', '?')}/{state.get('total_steps', '?')})"
             dropped.append({"run_id": rid, "reason": reason, "path": str(run_dir)})
             continue
+        summary = paths.read_summary(run_dir)
         if (summary.get("branch") or {}).get("role") == "trunk":  # docs/branches.md: no decay, no budget's loss
             dropped.append({"run_id": rid, "reason": "budget-branch trunk (constant LR, never decayed): its branches "
                             "are the runs", "path": str(run_dir)})
             continue
-        cfg = _read_yaml(run_dir / "config.yaml")
+        cfg = _read_yaml(run_dir / paths.CONFIG)
         rid = str(summary.get("run_id", rid))
         fw = summary.get("forward") or _nested(cfg, "precision.forward")
         bw = summary.get("backward") or _nested(cfg, "precision.backward")
@@ -323,7 +316,7 @@ def load_runs_dir(root: str | Path) -> pd.DataFrame:
             continue
         reason = _check_row(rid, n, d, loss)
         if reason is None:
-            first = _first_train_loss(run_dir / "metrics.jsonl")
+            first = _first_train_loss(run_dir)
             if first is not None and float(loss) > first:
                 reason = f"diverged (final loss {float(loss):.4g} > first logged loss {first:.4g})"
         if reason:
@@ -345,18 +338,13 @@ def load_runs_dir(root: str | Path) -> pd.DataFrame:
     return _finish(rows, dropped, prov, str(root))
 
 
-def _first_train_loss(path: Path) -> float | None:
-    if not path.exists():
-        return None
+def _first_train_loss(run_dir: Path) -> float | None:
+    """The loss of the run's first metrics row (None when there is none, or it is torn or not finite)."""
     try:
-        with open(path) as fh:
-            for line in fh:
-                line = line.strip()
-                if line:
-                    row = json.loads(line)
-                    val = row.get("loss") if isinstance(row, dict) else None
-                    return float(val) if val is not None and math.isfinite(float(val)) else None
-    except (OSError, json.JSONDecodeError, TypeError, ValueError):
+        for _, _, row in paths.metrics_lines(run_dir):
+            val = row.get("loss") if isinstance(row, dict) else None
+            return float(val) if val is not None and math.isfinite(float(val)) else None
+    except (OSError, TypeError, ValueError):
         return None
     return None
 
@@ -364,11 +352,10 @@ def _first_train_loss(path: Path) -> float | None:
 def load_curve(run: str | Path | pd.Series) -> pd.DataFrame:
     """The logged curve of one run (``metrics.jsonl``) as a DataFrame; ``run`` is a folder or a row."""
     path = Path(run["path"]) if isinstance(run, pd.Series) else Path(run)
-    f = path / "metrics.jsonl"
-    if not f.exists():
-        raise AnalysisError(f"{path} has no metrics.jsonl")
-    recs = [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
-    return pd.DataFrame(recs)
+    if not (path / paths.METRICS).exists():
+        raise AnalysisError(f"{path} has no {paths.METRICS}")
+    # a torn line (a write cut short) is no row; rows a resume could not bring back are named in summary.json
+    return pd.DataFrame([row for _, _, row in paths.metrics_lines(path) if isinstance(row, dict)])
 
 
 # ---------------------------------------------------------------- wandb
@@ -560,7 +547,7 @@ def load(source: str | Path) -> pd.DataFrame:
             return load_wandb_offline(p.parent)
         return load_table(p)
     if p.is_dir():
-        if any(p.rglob("run-*.wandb")) and not any(p.rglob("summary.json")):
+        if any(p.rglob("run-*.wandb")) and not any(p.rglob(paths.SUMMARY)):
             return load_wandb_offline(p)
         return load_runs_dir(p)
     if not p.exists():

@@ -259,19 +259,18 @@ def fit_fixed(dir_: Path, shape: Path, fix: list[str], bootstrap: int, seed: int
 
 
 def _read_runs(folder: Path) -> list[dict]:
-    import json
-
     import yaml
+
+    from quartet import paths
 
     runs = []
     for run in sorted(p for p in folder.iterdir() if p.is_dir()):
-        f = run / "summary.json"
-        if not f.is_file():
+        s = paths.read_summary(run)
+        if s is None:
             continue
-        s = json.loads(f.read_text())
-        cfg = yaml.safe_load((run / "config.yaml").read_text()) if (run / "config.yaml").is_file() else {}
+        cfg = yaml.safe_load((run / paths.CONFIG).read_text()) if (run / paths.CONFIG).is_file() else {}
         s["_derived"] = (cfg or {}).get("derived", {})
-        s["_metrics"] = run / "metrics.jsonl"
+        s["_metrics"] = run / paths.METRICS
         runs.append(s)
     return runs
 

@@ -24,7 +24,6 @@ difference is as large as a seed's.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from pathlib import Path
@@ -32,19 +31,21 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
+from quartet import paths
+
 
 def load_probe(folder: Path) -> pd.DataFrame:
     """One row per finished run of the probe: lr, budget (tokens per parameter), seed, val_loss, run_id (and the
     configuration key :func:`same_config` pairs runs by)."""
     rows, unfinished = [], []
     for run in sorted(p for p in folder.iterdir() if p.is_dir()):
-        summary = run / "summary.json"
-        if not summary.is_file():
+        summary = paths.read_summary(run)
+        if summary is None:
             unfinished.append(run.name)
             continue
-        rows.append(_row(run, json.loads(summary.read_text())))
+        rows.append(_row(run, summary))
     if unfinished:
-        raise SystemExit(f"ladder_lr_probe: {len(unfinished)} run(s) in {folder} have no summary.json "
+        raise SystemExit(f"ladder_lr_probe: {len(unfinished)} run(s) in {folder} have no {paths.SUMMARY} "
                          f"(unfinished or failed): {', '.join(unfinished[:4])}{' ...' if len(unfinished) > 4 else ''}")
     if not rows:
         raise SystemExit(f"ladder_lr_probe: no finished runs in {folder}")
@@ -52,7 +53,7 @@ def load_probe(folder: Path) -> pd.DataFrame:
 
 
 def _row(run: Path, s: dict) -> dict:
-    cfg = run / "config.yaml"
+    cfg = run / paths.CONFIG
     data_seed = (yaml.safe_load(cfg.read_text()) or {}).get("run", {}).get("data_seed") if cfg.is_file() else None
     return {"lr": float(s["lr"]), "dn": round(float(s["tokens_per_param"])), "seed": int(s["seed"]),
             "val_loss": float(s["val_loss"]), "run_id": s["run_id"], "model": s["model"], "precision": s["precision"],
@@ -62,8 +63,8 @@ def _row(run: Path, s: dict) -> dict:
 def same_config(probe: pd.DataFrame, folders: list[Path]) -> pd.DataFrame:
     """Probe runs next to the runs in ``folders`` that have the same configuration, with the loss difference."""
     key = ["model", "precision", "dn", "lr", "seed", "data_seed"]
-    others = [_row(run, json.loads((run / "summary.json").read_text()))
-              for folder in folders for run in sorted(folder.iterdir()) if (run / "summary.json").is_file()]
+    others = [_row(run, s) for folder in folders for run in sorted(folder.iterdir())
+              if (s := paths.read_summary(run)) is not None]
     if not others:
         return pd.DataFrame()
     pairs = probe.merge(pd.DataFrame(others), on=key, suffixes=("_probe", "_other"))

@@ -32,6 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from analysis.ladder import cell_gaps, seed_noise, sign_test  # noqa: E402
+from quartet.paths import STATE, SUMMARY  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results" / "recipes"
 DOCS = REPO / "docs" / "recipes.md"
@@ -68,10 +69,10 @@ def runs_from_archive(path: Path) -> tuple[pd.DataFrame, list[dict]]:
     with tarfile.open(path) as tar:
         for m in tar.getmembers():
             name = m.name.rsplit("/", 1)[-1]
-            if name not in ("summary.json", "state.json"):
+            if name not in (SUMMARY, STATE):
                 continue
             data = json.load(tar.extractfile(m))
-            if name == "summary.json":
+            if name == SUMMARY:
                 done.append({"run_id": data["run_id"], "precision": data["precision"], "model": data["model"],
                              "wall_clock_s": float(data["wall_clock_s"])})
             elif data.get("state") == "failed":

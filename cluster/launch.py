@@ -38,6 +38,7 @@ from cluster import runstate
 from cluster.plan import Plan, PlannedRun, build_plan, render_plan, write_run_config
 from cluster.profiles import ClusterProfile, load_profile, local_gpus, local_pool_size
 from cluster.spec import load_sweep, sweep_file
+from quartet import paths
 from quartet.errors import QuartetError
 
 
@@ -83,8 +84,7 @@ def placement(run_overrides: list[str], runs_dir: str | None) -> tuple[list[str]
     return rest, runs_dir or out_dir or None, name
 
 
-#: in a sweep's group folder: the sweep file whose runs it holds (see :func:`check_group_owner`)
-SWEEP_RECORD = ".sweep.json"
+SWEEP_RECORD = paths.SWEEP_RECORD
 
 
 def sweep_origin(name_or_path: str) -> str:
@@ -155,7 +155,7 @@ def claim_and_prepare(plan: Plan, runs: list[PlannedRun]) -> tuple[list[PlannedR
         if runstate.try_claim(r.run_dir, {"scheduler": plan.profile.kind, "sweep": plan.spec.name}, queue):
             write_run_config(r, plan.profile)
             # drop a stale stop request left by an interrupted local launch
-            (r.run_dir / ".stop").unlink(missing_ok=True)
+            (r.run_dir / paths.STOP).unlink(missing_ok=True)
             runstate.write_state(r.run_dir, state=(r.view.state if r.view and r.view.state in {"failed", "preempted"} else "pending"),
                                  total_steps=r.steps, job_id=None)
             claimed.append(r)
@@ -201,12 +201,14 @@ def slurm_parameters(profile: ClusterProfile, res, sweep: str) -> dict:
 
 
 def waits_for_trunk(run: PlannedRun) -> bool:
-    """A budget branch that cannot start yet: no checkpoint of its own, and its trunk's is not there."""
+    """A budget branch that cannot start yet: no checkpoint of its own, and its trunk's is not there yet (a finished
+    trunk will never write it: such a branch is started, and fails saying so)."""
     from quartet import checkpoint as ckpt_io
-    from quartet.train import branch_source
+    from quartet import paths
 
-    src = branch_source(run.cfg, run.run_dir)
-    return src is not None and not src.is_file() and not ckpt_io.exists(run.run_dir / "ckpt" / "last.pt")
+    src = paths.branch_source(run.cfg, run.run_dir)
+    return (src is not None and not src.is_file() and not (paths.trunk_of(src) / paths.SUMMARY).is_file()
+            and not ckpt_io.exists(paths.last_checkpoint(run.run_dir)))
 
 
 def _hold(run: PlannedRun, why: str) -> None:
@@ -464,7 +466,7 @@ def _run_pool(plan: Plan, runs: list[PlannedRun], console=None) -> tuple[int, in
                     if fut.cancel():
                         runstate.release_claim(r.run_dir)
                     elif not fut.done():
-                        (r.run_dir / ".stop").touch()
+                        (r.run_dir / paths.STOP).touch()
                 for fut, r in futures.items():
                     if not fut.cancelled():
                         fut.result()

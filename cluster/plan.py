@@ -17,6 +17,7 @@ from cluster import runstate, slurm
 from cluster.branches import branch_mode, expand_branches
 from cluster.profiles import ClusterProfile, Resources, describe_local, gpu_hours, resources_for, rule_for
 from cluster.spec import RunPoint, SweepSpec, expand_named
+from quartet import paths
 from quartet.errors import ConfigError, QuartetError
 from quartet.memory import GB, MemoryEstimate, choose_parallel
 
@@ -371,8 +372,8 @@ def write_run_config(run: PlannedRun, profile: ClusterProfile) -> Path:
     }
     text = OmegaConf.to_yaml(cfg, resolve=True)
     run.run_dir.mkdir(parents=True, exist_ok=True)
-    runstate.atomic_write_text(run.run_dir / "config.yaml", text)
-    return run.run_dir / "config.yaml"
+    paths.atomic_write_text(run.run_dir / paths.CONFIG, text, parents=True)
+    return run.run_dir / paths.CONFIG
 
 
 # ------------------------------------------------------------------------------------ printing

@@ -51,13 +51,12 @@ from pathlib import Path
 from typing import Any
 
 from cluster import slurm
-from quartet import proc
+from quartet import paths, proc
+# the run directory's names, its atomic write and its readers are quartet.paths'; these are the ones status, claims
+# and the launcher use, under the names cluster/ has always used
+from quartet.paths import (CLAIM, ERROR, METRICS, STATE, SUMMARY, atomic_write_text, corrupt_summary,  # noqa: F401
+                           read_json)
 
-CLAIM = ".claim"
-STATE = "state.json"
-SUMMARY = "summary.json"
-METRICS = "metrics.jsonl"
-ERROR = "error.txt"
 #: a claim from another host that we cannot check is trusted for this long
 FOREIGN_CLAIM_TTL_S = 3600.0
 #: a run without a claim whose trainer cannot be checked (another host, no pid recorded) is ``stale``
@@ -75,36 +74,6 @@ def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write via a temporary file + ``os.replace`` so readers never see a partial file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:6]}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-def read_json(path: Path) -> dict[str, Any] | None:
-    """A JSON file as a dict, or None when missing / half-written / not an object."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def corrupt_summary(run_dir: Path) -> str | None:
-    """One line naming a ``summary.json`` that exists but is not a JSON object (else None).
-
-    Such a run may well have finished: it is neither shown as new nor launched again (a relaunch would
-    train it a second time and append a duplicate final row to its metrics).
-    """
-    path = Path(run_dir) / SUMMARY
-    if not path.exists() or read_json(path) is not None:
-        return None
-    return f"{path} is corrupt (not a JSON object); restore it, or delete it to train the run again"
-
-
 def invalid_summary(summary: dict[str, Any]) -> str | None:
     """One line naming what makes a readable ``summary.json`` impossible (else None): a numeric ``val_loss`` that is
     not positive and finite — no cross-entropy loss is, and ``quartet fit`` drops such a run for the same reason."""
@@ -119,35 +88,16 @@ def invalid_summary(summary: dict[str, Any]) -> str | None:
 
 def write_state(run_dir: Path, **fields: Any) -> dict[str, Any]:
     """Update ``state.json`` (merging with what is there) atomically; returns the new state."""
-    path = Path(run_dir) / STATE
-    state = read_json(path) or {}
+    state = paths.read_state(run_dir)
     state.update(fields)
     state["updated"] = now_iso()
-    atomic_write_text(path, json.dumps(state, indent=1, default=str))
+    paths.write_json_atomic(Path(run_dir) / STATE, state, indent=1, parents=True)
     return state
-
-
-def _tail(path: Path, max_bytes: int = 262144) -> str:
-    """The last ``max_bytes`` of ``path`` as text ("" when it cannot be read)."""
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            fh.seek(max(0, fh.tell() - max_bytes))
-            return fh.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
 
 
 def last_metrics(run_dir: Path, max_bytes: int = 65536) -> dict[str, Any] | None:
     """The last complete row of ``metrics.jsonl`` (reads only the file's tail)."""
-    for line in reversed(_tail(Path(run_dir) / METRICS, max_bytes).splitlines()):
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(row, dict):
-            return row
-    return None
+    return next(paths.last_rows(run_dir, max_bytes), None)
 
 
 # ------------------------------------------------------------------------------------------ claims
@@ -250,7 +200,7 @@ def train_lock_holder(run_dir: Path) -> dict[str, Any] | None:
 @contextlib.contextmanager
 def _claim_lock(run_dir: Path):
     """Exclusive advisory lock (flock) serialising claim attempts on one run directory."""
-    fd = os.open(run_dir / ".claim.lock", os.O_CREAT | os.O_RDWR, 0o666)
+    fd = os.open(run_dir / paths.CLAIM_LOCK, os.O_CREAT | os.O_RDWR, 0o666)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -277,7 +227,7 @@ def _try_claim_locked(run_dir: Path, info: dict[str, Any], queue: dict[str, str]
                 return False
             # stale: break it atomically; only one contender's rename can succeed
             try:
-                os.rename(path, run_dir / f".claim.stale.{uuid.uuid4().hex[:8]}")
+                os.rename(path, run_dir / f"{paths.STALE_CLAIM}{uuid.uuid4().hex[:8]}")
             except FileNotFoundError:
                 pass
             _cleanup_stale(run_dir)
@@ -296,7 +246,7 @@ def _mtime(path: Path) -> float:
 
 
 def _cleanup_stale(run_dir: Path) -> None:
-    for p in run_dir.glob(".claim.stale.*"):
+    for p in run_dir.glob(f"{paths.STALE_CLAIM}*"):
         try:
             p.unlink()
         except OSError:
@@ -307,7 +257,7 @@ def update_claim(run_dir: Path, **fields: Any) -> None:
     """Add fields (e.g. the Slurm job id after submission) to our claim."""
     claim = read_claim(run_dir) or {}
     claim.update(fields)
-    atomic_write_text(Path(run_dir) / CLAIM, json.dumps(claim))
+    atomic_write_text(Path(run_dir) / CLAIM, json.dumps(claim), parents=True)
 
 
 def release_claim(run_dir: Path) -> None:
@@ -351,7 +301,7 @@ def inspect(run_dir: Path, queue: dict[str, str] | None = None, reconcile_dead: 
     as failed in ``state.json`` (see the module docstring).
     """
     run_dir = Path(run_dir)
-    st = read_json(run_dir / STATE) or {}
+    st = paths.read_state(run_dir)
     claim = read_claim(run_dir)
     row = last_metrics(run_dir) or {}
     job_id = (claim or {}).get("job_id") or st.get("job_id")
@@ -372,7 +322,7 @@ def inspect(run_dir: Path, queue: dict[str, str] | None = None, reconcile_dead: 
         view.step = row["step"]
     if queue is not None and view.job_id:
         view.job_state = queue.get(view.job_id)
-    summary = view.summary = read_json(run_dir / SUMMARY)
+    summary = view.summary = paths.read_summary(run_dir)
     if summary is not None:
         view.state = "completed"
         view.error = None
@@ -425,7 +375,7 @@ def inspect(run_dir: Path, queue: dict[str, str] | None = None, reconcile_dead: 
     if released or (view.state == "pending" and claim is not None and not slurm_claim and not foreign_claim(claim)):
         # claimed by a local launcher that stopped (killed) before any worker started the run: nothing ran, nothing
         # failed; it is what it was before the launch (new, or preempted with a checkpoint to resume from)
-        ckpt = run_dir / "ckpt"
+        ckpt = run_dir / paths.CKPT
         started = view.step or (ckpt.is_dir() and any(ckpt.iterdir()))
         view.state = "preempted" if started else "new"
         who = "its launch" if released else f"its launcher (pid {claim.get('pid')})"
@@ -458,7 +408,7 @@ def inspect(run_dir: Path, queue: dict[str, str] | None = None, reconcile_dead: 
     elif view.state == "failed" and view.error and view.error.startswith("cancelled"):
         view.state = "cancelled"
     if view.state == "failed" and not view.error and (run_dir / ERROR).exists():
-        lines = _tail(run_dir / ERROR, 8192).strip().splitlines()  # "" when unreadable (another user's 0600 file)
+        lines = paths.tail(run_dir / ERROR, 8192).strip().splitlines()  # "" when unreadable (another user's 0600 file)
         view.error = lines[-1] if lines else None
     return view
 
@@ -514,7 +464,7 @@ def not_requeued_reason(claim: dict[str, Any] | None) -> str | None:
     log = Path(log)
     found = None
     for path in (log, log.with_name(log.name.replace("_log.out", "_log.err"))):
-        hits = _NOT_REQUEUED.findall(_tail(path))
+        hits = _NOT_REQUEUED.findall(paths.tail(path))
         found = hits[-1].strip() if hits else found
     return found
 
@@ -560,12 +510,8 @@ def duration(seconds: float) -> str:
 def _metrics_interval(run_dir: Path) -> float | None:
     """Seconds between the last two rows of metrics.jsonl (their ``elapsed_s``), if known."""
     rows = []
-    for line in reversed(_tail(Path(run_dir) / METRICS, 65536).splitlines()):
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(row, dict) and isinstance(row.get("elapsed_s"), (int, float)):
+    for row in paths.last_rows(run_dir):
+        if isinstance(row.get("elapsed_s"), (int, float)):
             rows.append(float(row["elapsed_s"]))
             if len(rows) == 2:
                 return rows[0] - rows[1] if rows[0] > rows[1] else None
@@ -593,7 +539,7 @@ def _check_standalone(run_dir: Path, view: RunView, st: dict[str, Any], reconcil
         view.error = (f"lost: process {pid} on {host} is gone at step {view.step or 0} without an end marker "
                       f"(killed, or died before writing state.json){disk}; rerunning resumes from the last checkpoint")
         if reconcile_dead:
-            now = read_json(run_dir / STATE) or {}
+            now = paths.read_state(run_dir)
             if now.get("pid") == pid and now.get("state") == st.get("state"):  # not restarted meanwhile
                 _record(run_dir, state="failed", error=view.error)
         return

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from cluster import runstate, slurm
+from quartet import paths
 
 ORDER = ("running", "pending", "waiting", "unknown", "stale", "preempted", "failed", "cancelled", "corrupt", "invalid",
          "new", "completed")
@@ -39,7 +40,7 @@ def collect_checked(group_dir: Path) -> tuple[list[runstate.RunView], str | None
         queue, why = None, "squeue/sbatch are not on PATH"
     views = []
     for d in sorted(p for p in Path(group_dir).iterdir() if p.is_dir() and not p.name.startswith(".")):
-        if d.name == "slurm" or not any((d / f).exists() for f in ("config.yaml", runstate.STATE, runstate.SUMMARY)):
+        if d.name == "slurm" or not any((d / f).exists() for f in (paths.CONFIG, paths.STATE, paths.SUMMARY)):
             continue
         views.append(runstate.inspect(d, queue))
     unverified = [v for v in views if v.job_state == runstate.UNKNOWN_JOB]
@@ -126,7 +127,7 @@ def report_corrupt(views: list[runstate.RunView]) -> int:
     val_loss); 1 when there is any, else 0."""
     bad = [v for v in views if v.state in {"corrupt", "invalid"}]
     for v in bad:
-        why = (runstate.corrupt_summary(v.run_dir) if v.state == "corrupt" else None) or v.error
+        why = (paths.corrupt_summary(v.run_dir) if v.state == "corrupt" else None) or v.error
         print(f"quartet status: error: run {v.run_id}: {why}", file=sys.stderr)
     return 1 if bad else 0
 

@@ -40,6 +40,7 @@ from typing import Any, NamedTuple, Optional
 import submitit
 
 from cluster import runstate
+from quartet import paths
 from quartet.runlock import JOB_ENV, RunLockedError
 
 #: how long a checkpoint request may take before we give up waiting (Slurm kills at the deadline anyway)
@@ -49,12 +50,12 @@ STOP_WAIT_S = 600.0
 def _record_failure(run_dir: Path, exc: BaseException, job_id: str | None) -> None:
     """Write error.txt (traceback) and mark state failed unless the trainer already did."""
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    err = run_dir / runstate.ERROR
+    err = run_dir / paths.ERROR
     try:
-        if not err.exists() or (runstate.read_json(run_dir / runstate.STATE) or {}).get("state") != "failed":
-            runstate.atomic_write_text(err, tb)
+        if not err.exists() or paths.read_state(run_dir).get("state") != "failed":
+            paths.atomic_write_text(err, tb)
         msg = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
-        st = runstate.read_json(run_dir / runstate.STATE) or {}
+        st = paths.read_state(run_dir)
         if st.get("state") != "failed" or not st.get("error"):
             runstate.write_state(run_dir, state="failed", error=msg, job_id=job_id, host=socket.gethostname())
     except OSError:
@@ -69,10 +70,10 @@ def execute_run(run_dir: str | Path, job_id: str | None, on_trainer=None, rank: 
     ``on_trainer(trainer)`` is called once the trainer exists (the preemption hook uses it).
     """
     run_dir = Path(run_dir)
-    summary = runstate.read_json(run_dir / runstate.SUMMARY)
+    summary = paths.read_summary(run_dir)
     if summary is not None:
         return summary
-    corrupt = runstate.corrupt_summary(run_dir)
+    corrupt = paths.corrupt_summary(run_dir)
     if corrupt is not None:  # maybe finished: neither retrain it nor touch its state.json
         from quartet.errors import QuartetError
 
@@ -82,7 +83,7 @@ def execute_run(run_dir: str | Path, job_id: str | None, on_trainer=None, rank: 
         from quartet.runs import run_dir as run_dir_of
         from quartet.train import BranchWaitingError, Trainer
 
-        cfg = load_config_file(run_dir / "config.yaml")
+        cfg = load_config_file(run_dir / paths.CONFIG)
         expected = Path(run_dir_of(cfg)).resolve()
         if expected != run_dir.resolve():
             raise RuntimeError(f"config.yaml in {run_dir} names run dir {expected}; the directory was moved or edited")
@@ -105,10 +106,10 @@ def execute_run(run_dir: str | Path, job_id: str | None, on_trainer=None, rank: 
         if rank == 0:
             _record_failure(run_dir, exc, job_id)
         raise
-    done = runstate.read_json(run_dir / runstate.SUMMARY)
+    done = paths.read_summary(run_dir)
     if done is not None:
         return done
-    return dict(result or {}, state=(runstate.read_json(run_dir / runstate.STATE) or {}).get("state", "preempted"))
+    return dict(result or {}, state=paths.read_state(run_dir).get("state", "preempted"))
 
 
 def mark_waiting(run_dir: Path, why: str) -> None:
@@ -366,7 +367,7 @@ def local_worker(run_dir: str, job_id: str) -> LocalResult:
     """
     global _current_trainer
     run_path = Path(run_dir)
-    stop_file = run_path / ".stop"
+    stop_file = run_path / paths.STOP
     watcher_done = threading.Event()
 
     def watch(trainer) -> None:
@@ -394,8 +395,8 @@ def local_worker(run_dir: str, job_id: str) -> LocalResult:
         except OSError:
             pass
     saved = os.dup(1), os.dup(2)
-    log_existed = (run_path / "stdout.log").exists()
-    log = open(run_path / "stdout.log", "a")
+    log_existed = (run_path / paths.STDOUT_LOG).exists()
+    log = open(run_path / paths.STDOUT_LOG, "a")
     _run_finished.clear()
     # the trainer writes it into the run lock, so the lock names the launch that started the run
     os.environ[JOB_ENV] = job_id
@@ -406,7 +407,7 @@ def local_worker(run_dir: str, job_id: str) -> LocalResult:
         if gpu is not None:
             print(f"quartet local pool: pid {os.getpid()} on GPU {gpu} (slot {os.environ.get(GPU_SLOT_ENV)})", flush=True)
         result = execute_run(run_path, job_id, on_trainer=watch)
-        state = "completed" if (run_path / runstate.SUMMARY).exists() else str(result.get("state", "preempted"))
+        state = "completed" if (run_path / paths.SUMMARY).exists() else str(result.get("state", "preempted"))
         return LocalResult(run_dir, state, None, gpu)
     except RunLockedError as exc:  # another process trains it: leave its files alone
         skipped = True
@@ -434,7 +435,7 @@ def local_worker(run_dir: str, job_id: str) -> LocalResult:
         if skipped and not log_existed:
             # refused by the run lock: the stdout.log this call created holds nothing of the run's (its trainer
             # is a `quartet train` or a worker that opened the log before us), so leave the folder as it was
-            (run_path / "stdout.log").unlink(missing_ok=True)
+            (run_path / paths.STDOUT_LOG).unlink(missing_ok=True)
         if not skipped:
             try:
                 stop_file.unlink()

@@ -28,7 +28,7 @@ from omegaconf.errors import OmegaConfBaseException
 from quartet.errors import ConfigError
 from quartet.memory import PARALLEL_CHOICES
 from quartet.shapes import block_linear_names, ffn_hidden
-from quartet.paths import CONF_DIR, check_folder_name
+from quartet.paths import CONF_DIR, CONFIG, check_folder_name
 from quartet.quant.config import UNQUANTIZED_LABEL, PrecisionConfig, half_variants, keep_bf16_matches
 
 # --------------------------------------------------------------------------------------------
@@ -560,7 +560,7 @@ def load_config_file(path: str | Path, overrides: list[str] | None = None) -> Di
     """
     path = Path(path)
     if path.is_dir():
-        path = path / "config.yaml"
+        path = path / CONFIG
     if not path.is_file():
         raise ConfigError(f"--config-file: {path} does not exist; expected a run directory's config.yaml")
     loaded = _read_config_yaml(path)

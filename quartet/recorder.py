@@ -33,12 +33,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from quartet import distributed as qdist
 from quartet.errors import NonFiniteError, QuartetError
-from quartet.paths import REPO_ROOT
+from quartet import paths
+from quartet.paths import REPO_ROOT, atomic_write_text, write_json_atomic
 from quartet.proc import process_start
 
 #: a few KiB the trainer sets aside in its run directory while it trains and frees when it fails, so that on a full
 #: disk error.txt and state.json still have room for the reason (``.space-reserve``; removed at every end)
-RESERVE_FILE = ".space-reserve"
 RESERVE_BYTES = 64 * 1024
 
 
@@ -46,11 +46,16 @@ def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def write_json_atomic(path: Path, obj) -> None:
-    """JSON written to a tmp file and os.replace'd (readers never see a partial file)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, default=str))
-    os.replace(tmp, path)
+def step_ranges(steps: list[int]) -> str:
+    """Sorted steps as ranges: ``[1, 2, 3, 7]`` -> ``"1-3,7"``."""
+    out, start = [], None
+    for i, s in enumerate(steps):
+        if start is None:
+            start = s
+        if i + 1 == len(steps) or steps[i + 1] != s + 1:
+            out.append(f"{start}-{s}" if s != start else str(s))
+            start = None
+    return ",".join(out)
 
 
 def environment_info(device: torch.device) -> dict:
@@ -107,7 +112,7 @@ class WandbMirror:
         self.id: str | None = None
         if wcfg.mode == "disabled":
             return
-        id_file = directory / "wandb_id"
+        id_file = directory / paths.WANDB_ID
         if id_file.is_file() and id_file.read_text().strip():
             self.id = id_file.read_text().strip()
         else:
@@ -159,6 +164,10 @@ class RunRecorder:
         self.total_steps = total_steps
         self.is_main = is_main
         self.wandb: WandbMirror | None = None
+        #: rows of steps 1..(the resumed step) that were lost before a resume (``{"rows", "steps"}``), else None;
+        #: recorded in state.json and summary.json, so a completed run's curve is whole or says it is not
+        self.metrics_gap: dict | None = None
+        self._metrics_fh = None  # metrics.jsonl while the loop appends to it
         self._pid_start = process_start(os.getpid())  # recorded in state.json: status tells pid reuse apart
         self._handlers: list[logging.Handler] = []
         self.log = logging.getLogger(f"quartet.train.{run_id}.{id(self)}")
@@ -169,14 +178,11 @@ class RunRecorder:
     def completed_summary(self) -> dict | None:
         """The run's summary.json (None when absent); QuartetError when it exists but is not a JSON object,
         so a finished run is never silently trained again (and its metrics never get a second final row)."""
-        path = self.dir / "summary.json"
+        path = self.dir / paths.SUMMARY
         if not path.is_file():
             return None
-        try:
-            summary = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):  # ValueError: JSONDecodeError and UnicodeDecodeError
-            summary = None
-        if not isinstance(summary, dict):
+        summary = paths.read_summary(self.dir)
+        if summary is None:
             raise QuartetError(f"{path} is corrupt (not a JSON object) and marks the run as finished; restore it, "
                                f"or delete it to train the run again")
         return summary
@@ -187,27 +193,46 @@ class RunRecorder:
         A torn last line (a crash mid-write) is not JSON and is skipped; valid JSON that is not an object
         with a numeric step was put there by something else, and the file is left as it is.
         """
-        path = self.dir / "metrics.jsonl"
-        if not path.is_file():
-            return []
-        rows = []
-        for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
+        return self._read_metrics()[0]
+
+    def _read_metrics(self) -> tuple[list[tuple[str, dict]], int]:
+        """(:meth:`metrics_rows`, the number of lines skipped as torn)."""
+        rows, torn = [], 0
+        for number, line, row in paths.metrics_lines(self.dir):
+            if row is None:
+                torn += 1
                 continue
-            if not isinstance(row, dict) or not isinstance(row.get("step", 0), (int, float)):
-                raise QuartetError(f"{path}: line {number} is {line.strip()[:40]!r}, not a metrics row (a JSON object "
-                                   f"with a numeric step); delete or fix that line, then run the same command again")
+            if not paths.is_metrics_row(row):
+                raise QuartetError(f"{self.dir / paths.METRICS}: line {number} is {line.strip()[:40]!r}, not a metrics "
+                                   f"row (a JSON object with a numeric step); delete or fix that line, then run the "
+                                   f"same command again")
             rows.append((line, row))
-        return rows
+        return rows, torn
+
+    def metrics_lines(self, step: int) -> list[str]:
+        """The lines of metrics.jsonl's rows of steps 1..``step`` (no final row), as a trunk keeps them with a branch
+        point."""
+        return [line for line, row in self.metrics_rows() if row.get("step", 0) <= step and not row.get("final")]
+
+    def write_metrics_lines(self, lines: list[str]) -> None:
+        """Replace metrics.jsonl by ``lines`` atomically (a branch's first start: its trunk's rows)."""
+        if self.is_main:
+            atomic_write_text(self.dir / paths.METRICS, "".join(line + "\n" for line in lines))
+
+    def sync_metrics(self) -> None:
+        """Flush metrics.jsonl to disk (before a checkpoint: a power loss must not keep the checkpoint of step s and
+        lose rows up to s)."""
+        if self._metrics_fh is not None:
+            with contextlib.suppress(OSError):  # a full disk: the checkpoint's own write says so
+                self._metrics_fh.flush()
+                os.fsync(self._metrics_fh.fileno())
 
     # -- start ------------------------------------------------------------------------------
     def open_log(self) -> None:
         """Send the run's log to ``train.log`` and stdout (rank 0); other ranks log warnings only."""
         fmt = logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%Y-%m-%d %H:%M:%S")
         if self.is_main:
-            for h in (_RunLogFile(self.dir / "train.log"), logging.StreamHandler(sys.stdout)):
+            for h in (_RunLogFile(self.dir / paths.TRAIN_LOG), logging.StreamHandler(sys.stdout)):
                 h.setFormatter(fmt)
                 self.log.addHandler(h)
                 self._handlers.append(h)
@@ -225,41 +250,57 @@ class RunRecorder:
         """config.yaml (the resolved config), env.json (versions, host) and quant_map.json (the quant plan)."""
         if not self.is_main:
             return
-        OmegaConf.save(cfg, self.dir / "config.yaml", resolve=True)
-        write_json_atomic(self.dir / "env.json", environment_info(device))
-        write_json_atomic(self.dir / "quant_map.json", plan.to_dict())
+        OmegaConf.save(cfg, self.dir / paths.CONFIG, resolve=True)
+        write_json_atomic(self.dir / paths.ENV, environment_info(device))
+        write_json_atomic(self.dir / paths.QUANT_MAP, plan.to_dict())
 
-    def begin(self, step: int, wcfg, config: dict) -> None:
-        """Training starts (or resumes) at ``step``: drop metrics rows past it, state "running", open the wandb mirror."""
+    def begin(self, step: int, wcfg, config: dict, logged: list[int] = ()) -> None:
+        """Training starts (or resumes) at ``step``: drop metrics rows past it (and torn lines), check that the rows of
+        the steps in ``logged`` (those written up to ``step``) are there, state "running", open the wandb mirror."""
         if not self.is_main:
             return
-        self._truncate_metrics(step)
+        present = self._truncate_metrics(step)
+        self._check_rows(step, logged, present)
         self._reserve_space()
         self.write_state("running", step)
         self.wandb = WandbMirror(wcfg, self.dir, self.run_id, config, self.log)
 
-    def _truncate_metrics(self, step: int) -> None:
+    def _truncate_metrics(self, step: int) -> set[int]:
         """Drop metric rows newer than the checkpoint (written before a crash, recomputed on resume), any final row
         (a run being trained has no summary.json, so a final row is one whose summary was never written: the final
-        evaluation writes it again) and a second row of one step, so that each step appears once."""
-        path = self.dir / "metrics.jsonl"
+        evaluation writes it again), torn lines and a second row of one step, so that each step appears once. Returns
+        the steps whose rows it kept."""
+        path = self.dir / paths.METRICS
         if not path.is_file():
-            return
+            return set()
         keep, seen = [], set()
-        for line, row in self.metrics_rows():
+        rows, torn = self._read_metrics()
+        for line, row in rows:
             s = row.get("step", 0)
             if s > step or row.get("final") or s in seen:
                 continue
             seen.add(s)
             keep.append(line)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text("".join(k + "\n" for k in keep))
-        os.replace(tmp, path)
+        if torn:
+            self.log.warning("metrics.jsonl: dropped %d torn line(s) (a write cut short by a crash or power loss)", torn)
+        atomic_write_text(path, "".join(k + "\n" for k in keep))
+        return seen
+
+    def _check_rows(self, step: int, logged, present: set) -> None:
+        """Record the rows of steps 1..``step`` in ``logged`` that metrics.jsonl lacks (:attr:`metrics_gap`), with one
+        warning line: they cannot be recomputed without training again from step 0."""
+        missing = sorted({int(s) for s in logged} - set(present))
+        self.metrics_gap = {"rows": len(missing), "steps": step_ranges(missing)} if missing else None
+        if missing:
+            self.log.warning("metrics.jsonl lacks %d row(s) of steps 1..%d (steps %s), lost before this start (a torn "
+                             "write after a power loss, or the file deleted or edited); training goes on exactly, the "
+                             "curve keeps this gap (metrics_gap in state.json and summary.json)", len(missing), step,
+                             self.metrics_gap["steps"])
 
     def _reserve_space(self) -> None:
-        """Set :data:`RESERVE_BYTES` aside in the run directory (best effort; see :data:`RESERVE_FILE`)."""
+        """Set :data:`RESERVE_BYTES` aside in the run directory (best effort; see :data:`quartet.paths.RESERVE`)."""
         with contextlib.suppress(OSError):
-            with open(self.dir / RESERVE_FILE, "wb") as fh:
+            with open(self.dir / paths.RESERVE, "wb") as fh:
                 fh.write(b"\0" * RESERVE_BYTES)
                 fh.flush()
                 os.fsync(fh.fileno())
@@ -268,23 +309,21 @@ class RunRecorder:
         """Give the reserved space back (at every end of the run, first thing on a failure)."""
         if self.is_main:
             with contextlib.suppress(OSError):
-                (self.dir / RESERVE_FILE).unlink()
+                (self.dir / paths.RESERVE).unlink()
 
     # -- during the run ---------------------------------------------------------------------
     def write_state(self, state: str, step: int, error: str | None = None, keep_step: bool = False) -> None:
         """Replace state.json; ``keep_step`` keeps its recorded step (the checkpoint could not be loaded)."""
         if not self.is_main:
             return
-        path = self.dir / "state.json"
-        prev = {}
-        if path.is_file():
-            with contextlib.suppress(Exception):
-                prev = json.loads(path.read_text())
+        path = self.dir / paths.STATE
+        prev = paths.read_state(self.dir)
         write_json_atomic(path, {
             "state": state, "step": prev.get("step", step) if keep_step else step,
             "total_steps": self.total_steps, "updated": _now(), "error": error,
             "job_id": os.environ.get("SLURM_JOB_ID") or prev.get("job_id"), "host": socket.gethostname(),
             "run_id": self.run_id, "pid": os.getpid(), "pid_start": self._pid_start,
+            **({"metrics_gap": self.metrics_gap} if self.metrics_gap else {}),
         })
 
     @contextlib.contextmanager
@@ -294,7 +333,7 @@ class RunRecorder:
         mirrors it to wandb and shows it: a live bar on a terminal, a log line per row otherwise (``show``)."""
         from quartet.progress import Bar
 
-        metrics = open(self.dir / "metrics.jsonl", "a") if self.is_main else None
+        metrics = self._metrics_fh = open(self.dir / paths.METRICS, "a") if self.is_main else None
         live = self.is_main and show and sys.stderr.isatty()
         plain = self.is_main and show and not live
         bar = Bar(self.total_steps, self.run_id, "steps", initial=step, live=live)
@@ -316,6 +355,7 @@ class RunRecorder:
             yield record
         finally:
             bar.close()
+            self._metrics_fh = None
             if metrics is not None:
                 with contextlib.suppress(OSError):  # a full disk: the run's own error says so
                     metrics.close()
@@ -326,11 +366,13 @@ class RunRecorder:
         if not self.is_main:
             return
         steps, val_loss = summary["steps"], summary["val_loss"]
-        with open(self.dir / "metrics.jsonl", "a") as fh:
+        with open(self.dir / paths.METRICS, "a") as fh:
             fh.write(json.dumps({"step": steps, "tokens": summary["tokens"], "val_loss": val_loss, "final": True}) + "\n")
         if self.wandb is not None:
             self.wandb.log_row({"val_loss": val_loss, "final_val_loss": val_loss}, steps)
-        write_json_atomic(self.dir / "summary.json", summary)
+        if self.metrics_gap:
+            summary["metrics_gap"] = self.metrics_gap
+        write_json_atomic(self.dir / paths.SUMMARY, summary)
         self.write_state("completed", steps)
         self.log.info("completed %s: val_loss %.4f after %d steps (%.0f s)", self.run_id, val_loss, steps,
                       summary["wall_clock_s"])
@@ -347,9 +389,9 @@ class RunRecorder:
         with contextlib.suppress(OSError):
             text = (str(exc) + "\n\n" if isinstance(exc, NonFiniteError) else "") + traceback.format_exc()
             try:
-                (self.dir / "error.txt").write_text(text)
+                (self.dir / paths.ERROR).write_text(text)
             except OSError:  # no room for the traceback: the reason alone, never an empty file
-                (self.dir / "error.txt").write_text(line + "\n")
+                (self.dir / paths.ERROR).write_text(line + "\n")
         with contextlib.suppress(OSError):
             self.write_state("failed" if failed else "preempted", step, error=line, keep_step=keep_step)
         self.log.error("run failed: %s", exc)

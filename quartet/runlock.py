@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from quartet.errors import QuartetError
+from quartet.paths import TRAIN_LOCK
 
-LOCK_FILE = ".train.lock"
 #: environment variable a launcher sets so the lock names its job (e.g. ``local-<launcher pid>``)
 JOB_ENV = "QUARTET_JOB_ID"
 #: how long acquire() keeps retrying a held lock: a status probe holds a shared lock for microseconds,
@@ -124,7 +124,7 @@ def check_free(run_dir: Path | str, what: str = "run") -> None:
     :func:`holder`): a command refuses at once instead of after building its model and data."""
     held = holder(run_dir)
     if held is not None:
-        raise refusal(what, held, Path(run_dir) / LOCK_FILE)
+        raise refusal(what, held, Path(run_dir) / TRAIN_LOCK)
 
 
 def acquire(run_dir: Path | str, what: str = "run", retry_s: float = ACQUIRE_RETRY_S) -> RunLock:
@@ -136,7 +136,7 @@ def acquire(run_dir: Path | str, what: str = "run", retry_s: float = ACQUIRE_RET
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / LOCK_FILE
+    path = run_dir / TRAIN_LOCK
     # O_CLOEXEC (Python's default): a child process (git, a data worker) must never inherit the lock
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)  # the umask decides (group-writable when shared)
     deadline = time.monotonic() + retry_s
@@ -181,7 +181,7 @@ def holder(run_dir: Path | str) -> dict[str, Any] | None:
     Read-only: never creates the file. Probes with a shared non-blocking flock, released at once (a
     trainer acquiring at that instant retries, see ``ACQUIRE_RETRY_S``).
     """
-    path = Path(run_dir) / LOCK_FILE
+    path = Path(run_dir) / TRAIN_LOCK
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:

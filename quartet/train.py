@@ -40,7 +40,8 @@ from quartet.config import ResolvedRun, compose, load_config_file, resolve, to_c
 from quartet.data import WindowSampler, open_data, read_windows, val_windows
 from quartet.errors import NonFiniteError, QuartetError
 from quartet.model import BlockLinear, Llama
-from quartet.paths import apply_shared_umask
+from quartet import paths
+from quartet.paths import apply_shared_umask, branch_source
 from quartet.recorder import RunRecorder, diagnose_non_finite, make_summary
 from quartet.runs import config_hash, run_dir, run_id
 
@@ -116,18 +117,9 @@ class BranchWaitingError(QuartetError):
     """A budget branch whose trunk has not yet saved the checkpoint it starts from (one-line message)."""
 
 
-def branch_checkpoint(trunk_dir: Path, step: int) -> Path:
-    """``<trunk>/ckpt/branch_<step>.pt``: the trunk's state after update ``step``, kept for a budget branch."""
-    return Path(trunk_dir) / "ckpt" / f"branch_{int(step)}.pt"
-
-
-def branch_source(cfg: DictConfig, own_dir: Path) -> Path | None:
-    """The trunk checkpoint a budget branch starts from (its trunk is a folder beside ``own_dir``); None when
-    ``cfg`` is not a branch."""
-    b = cfg.get("branch")
-    if b is None or b.get("trunk") is None:
-        return None
-    return branch_checkpoint(Path(own_dir).parent / str(b.trunk), int(b.step))
+class BranchSourceLostError(QuartetError):
+    """A budget branch whose trunk finished without a good checkpoint at the branch step: waiting cannot help (one
+    line saying what happened and the two ways back, as commands)."""
 
 
 class RunDirMovedError(QuartetError):
@@ -189,6 +181,9 @@ class Trainer:
         self._dir_id: tuple[int, int] | None = None  # the run directory trained in (rank 0): detects a move
         self.step = 0
         self.elapsed_prev = 0.0
+        #: the steps whose metrics row the run has written (or a resume found lost): rows 1..step of metrics.jsonl
+        #: should be these; kept in every checkpoint, so a resume notices rows that went missing since
+        self.logged_steps: list[int] = []
         #: the run directory's files other than checkpoints (state, metrics, summary, logs, wandb)
         self.record = RunRecorder(self.dir, self.run_id, self.res.steps, self.is_main)
         self.log = self.record.log
@@ -243,12 +238,32 @@ class Trainer:
             from quartet.errors import ConfigError
 
             raise ConfigError("budget branches keep one-file checkpoints: they need run.parallel=ddp, not fsdp")
-        if self.branch_src is None or (self.dir / "summary.json").exists() or ckpt_io.exists(self.ckpt_path):
+        if self.branch_src is None or (self.dir / paths.SUMMARY).exists() or ckpt_io.exists(self.ckpt_path):
             return
         if not self.branch_src.is_file():
             b = self.cfg.branch
+            if self._trunk_finished():
+                raise self._branch_source_lost("is missing")
             raise BranchWaitingError(f"branch {self.run_id} waits for its trunk {b.trunk} to save step {b.step} "
                                      f"({self.branch_src} is not there yet); launch it again once the trunk got there")
+
+    def _trunk_finished(self) -> bool:
+        """Whether this branch's trunk completed (its summary.json exists): it will write no branch point again."""
+        return (paths.trunk_of(self.branch_src) / paths.SUMMARY).is_file()
+
+    def _branch_source_lost(self, why: str) -> BranchSourceLostError:
+        """The error of a branch whose finished trunk lacks a good ``branch_<step>.pt``, with the two ways back."""
+        b, trunk_dir = self.cfg.branch, paths.trunk_of(self.branch_src)
+        own = self.dir / paths.CONFIG
+        scratch = (f"quartet train --config-file {own} branch.trunk=null branch.step=null" if own.is_file()
+                   else "the same quartet train command with branch.trunk=null branch.step=null")
+        return BranchSourceLostError(
+            f"branch {self.run_id} cannot start: its trunk {b.trunk} is finished but {self.branch_src} {why}, and a "
+            f"finished trunk never writes it again (was the trunk's ckpt/ deleted to free disk?); either train this "
+            f"budget from scratch (the same WSD run, its own run id): {scratch}; or retrain the trunk (all its steps) "
+            f"so that it keeps step {b.step} again: mv {trunk_dir / paths.SUMMARY} {trunk_dir / paths.SUMMARY}.old "
+            f"&& rm -r {trunk_dir / paths.CKPT} && quartet train --config-file {trunk_dir / paths.CONFIG}, then launch "
+            f"this branch again")
 
     def _compiled(self, module: torch.nn.Module) -> torch.nn.Module:
         """The module the step runs, compiled when run.compile (after DDP / FSDP2 wrapping, quartet.parallel.wrap)."""
@@ -266,7 +281,7 @@ class Trainer:
     @property
     def ckpt_path(self) -> Path:
         """ckpt/last.pt, or the folder ckpt/last of a sharded (FSDP) checkpoint."""
-        return self.dir / "ckpt" / ("last" if self.parallel == "fsdp" else "last.pt")
+        return paths.last_checkpoint(self.dir, sharded=self.parallel == "fsdp")
 
     def _state(self) -> dict:
         """What a checkpoint holds besides model and optimizer (step, scheduler, sampler, RNG, wall time)."""
@@ -276,11 +291,13 @@ class Trainer:
             "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
                     "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
             "elapsed_s": self.elapsed_prev + (time.time() - self._t_start if hasattr(self, "_t_start") else 0.0),
+            "metrics_steps": list(self.logged_steps),
         }
 
     def save_checkpoint(self) -> None:
         """Write ckpt/last.pt atomically with a checksum, the old one kept as ckpt/prev.pt (rank 0; all ranks wait);
         under FSDP every rank writes its shards into the folder ckpt/last (old one: ckpt/prev)."""
+        self.record.sync_metrics()  # rows 1..step on disk before the checkpoint that says they are there
         if self.is_main or self.parallel == "fsdp":
             state = self._state()
             if self.parallel == "fsdp":  # collective: every rank writes its shards
@@ -292,21 +309,24 @@ class Trainer:
 
     def save_branch_point(self) -> None:
         """A trunk keeps its state after this update as ckpt/branch_<step>.pt: atomic and checksummed like last.pt,
-        never rotated (a resumed trunk that passes the step again writes the same state again)."""
+        never rotated (a resumed trunk that passes the step again writes the same state again). It holds the trunk's
+        metrics rows 1..step too (``metrics``): a branch's history is exactly those, whatever the trunk's live
+        metrics.jsonl says when the branch starts (a resuming trunk cuts it back to its last.pt)."""
         if self.is_main:
             ckpt_io.save_atomic({**self._state(), "model": self.model.state_dict(),
-                                 "optimizer": self.optimizer.state_dict()},
-                                branch_checkpoint(self.dir, self.step), keep_prev=False)
+                                 "optimizer": self.optimizer.state_dict(),
+                                 "metrics": self.record.metrics_lines(self.step)},
+                                paths.branch_point(self.dir, self.step), keep_prev=False)
         qdist.barrier(self.dist)
 
     def _check_ckpt_kind(self) -> None:
         """Refuse (one line) a checkpoint written under the other parallelism rather than restart from step 0."""
-        ckpt = self.dir / "ckpt"
-        ours = ckpt_io.sharded_exists(ckpt / "last") if self.parallel == "fsdp" else ckpt_io.exists(ckpt / "last.pt")
-        theirs = ckpt_io.exists(ckpt / "last.pt") if self.parallel == "fsdp" else ckpt_io.sharded_exists(ckpt / "last")
+        one, folder = paths.last_checkpoint(self.dir), paths.last_checkpoint(self.dir, sharded=True)
+        ours = ckpt_io.sharded_exists(folder) if self.parallel == "fsdp" else ckpt_io.exists(one)
+        theirs = ckpt_io.exists(one) if self.parallel == "fsdp" else ckpt_io.sharded_exists(folder)
         if theirs and not ours:
             other = "ddp" if self.parallel == "fsdp" else "fsdp"
-            raise QuartetError(f"{ckpt} holds a run.parallel={other} checkpoint; resume with run.parallel={other}")
+            raise QuartetError(f"{self.dir / paths.CKPT} holds a run.parallel={other} checkpoint; resume with run.parallel={other}")
 
     def _load_checkpoint(self) -> None:
         """Restore from ckpt/last.pt, or ckpt/prev.pt when last.pt is bad (one warning line; see quartet.checkpoint)."""
@@ -321,6 +341,14 @@ class Trainer:
                                f"{str(state.get('config_hash'))[:8]} != {self.config_hash[:8]}); move it away")
         self._restore(state)
         self.elapsed_prev = float(state.get("elapsed_s", 0.0))
+        self.logged_steps = self._steps_logged(state)
+
+    def _steps_logged(self, state: dict) -> list[int]:
+        """The steps up to the checkpoint's whose metrics row was written: recorded in the checkpoint, or (one written
+        before they were) those this run's logging settings log."""
+        if state.get("metrics_steps") is not None:
+            return [int(s) for s in state["metrics_steps"]]
+        return [t for t in range(1, self.step + 1) if any(self._row_due(t))]
 
     def _start_branch(self) -> None:
         """A budget branch's first start: its trunk's state at the branch step (model, optimizer, data position, RNG),
@@ -329,7 +357,12 @@ class Trainer:
         import shutil
 
         b, path = self.cfg.branch, self.branch_src
-        state = ckpt_io.load(path, map_location=self.device, warn=self.log.warning if self.is_main else None)
+        try:
+            state = ckpt_io.load(path, map_location=self.device, warn=self.log.warning if self.is_main else None)
+        except ckpt_io.CheckpointError as exc:
+            if self._trunk_finished():
+                raise self._branch_source_lost(f"is unusable ({str(exc).removeprefix(f'{path}: ')})") from None
+            raise
         if state.get("run_id") != str(b.trunk) or int(state.get("step", -1)) != int(b.step):
             raise QuartetError(f"{path} is run {state.get('run_id')} at step {state.get('step')}, not trunk {b.trunk} "
                                f"at step {b.step}; move it away")
@@ -337,9 +370,13 @@ class Trainer:
         for group, base in zip(self.optimizer.param_groups, self.scheduler.base_lrs):
             group["lr"] = base * self.scheduler.lr_lambdas[0](self.step)
         self.elapsed_prev = 0.0  # a branch's wall time is its own decay's
-        trunk_metrics = path.parent.parent / "metrics.jsonl"
+        self.logged_steps = self._steps_logged(state)
+        if state.get("metrics") is not None:  # the trunk's rows 1..step, as they were when it saved this state
+            self.record.write_metrics_lines(state["metrics"])
+            return
+        trunk_metrics = paths.trunk_of(path) / paths.METRICS  # a branch point written before it kept its rows
         if self.is_main and trunk_metrics.is_file():  # begin() drops its rows past the branch step
-            shutil.copyfile(trunk_metrics, self.dir / "metrics.jsonl")
+            shutil.copyfile(trunk_metrics, self.dir / paths.METRICS)
 
     def _restore(self, state: dict) -> None:
         """Model (unless FSDP restored it in place), optimizer, scheduler, sampler, RNG and step from ``state``."""
@@ -491,7 +528,7 @@ class Trainer:
                 lock.release()
             qdist.teardown(self.dist)
             raise refused or runlock.RunLockedError(f"run {self.run_id}: rank 0 found it being trained by another "
-                                                    f"process (see {self.dir / runlock.LOCK_FILE})")
+                                                    f"process (see {self.dir / paths.TRAIN_LOCK})")
         return lock
 
     def _dir_moved(self) -> bool:
@@ -517,7 +554,7 @@ class Trainer:
             self.record.dir = new  # fail() records the reason where the run now is
             return RunDirMovedError(
                 f"run directory {old} was moved to {new} while training (step {self.step}); stopped without writing "
-                f"to the old path; resume there from its last checkpoint: quartet train --config-file {new / 'config.yaml'}")
+                f"to the old path; resume there from its last checkpoint: quartet train --config-file {new / paths.CONFIG}")
         self.record.is_main = False  # nowhere to record it: the old path is not this run's any more
         return RunDirMovedError(
             f"run directory {old} vanished or was replaced while training (step {self.step}); stopped without writing "
@@ -525,7 +562,7 @@ class Trainer:
 
     def _run_locked(self) -> dict:
         if self.is_main:
-            (self.dir / "ckpt").mkdir(parents=True, exist_ok=True)
+            (self.dir / paths.CKPT).mkdir(parents=True, exist_ok=True)
             self._dir_id = _dir_key(self.dir)
         qdist.barrier(self.dist)
         self.record.open_log()
@@ -544,7 +581,8 @@ class Trainer:
                 resuming = False
                 self.log.info("branching %s from trunk %s at step %d/%d", self.run_id, self.cfg.branch.trunk,
                               self.step, self.res.steps)
-            self.record.begin(self.step, self.cfg.logging.wandb, {**to_container(self.cfg), "run_id": self.run_id})
+            self.record.begin(self.step, self.cfg.logging.wandb, {**to_container(self.cfg), "run_id": self.run_id},
+                              logged=self.logged_steps)
             r = self.res
             self.log.info("run %s -> %s", self.run_id, self.dir)
             self.log.info("model %s: N=%s non-embedding (%s total), D=%s tokens, %d steps (warm-up %d) of %d x %d "
@@ -586,7 +624,10 @@ class Trainer:
                 lr = self.optimizer.param_groups[0]["lr"]
                 loss_v, gn_v = self._step()
                 s = self.step
-                record(self._metrics_row(s, loss_v, lr, gn_v), s, loss_v, lr)
+                row = self._metrics_row(s, loss_v, lr, gn_v)
+                record(row, s, loss_v, lr)
+                if row is not None:
+                    self.logged_steps.append(s)
                 if self.is_main:
                     for fn in self.callbacks:
                         fn(self, {"step": s, "loss": loss_v, "grad_norm": gn_v, "lr": lr})
@@ -614,14 +655,20 @@ class Trainer:
         return {"state": "preempted", "run_id": self.run_id, "step": self.step, "steps": self.res.steps,
                 "run_dir": str(self.dir)}
 
+    def _row_due(self, s: int) -> tuple[bool, bool]:
+        """(a training row, a validation loss) due at update ``s``: see :meth:`_metrics_row`."""
+        r, lcfg = self.res, self.cfg.logging
+        log = s % int(lcfg.log_every) == 0 or s == r.steps or s == 1
+        return log, int(lcfg.val_every) > 0 and s % int(lcfg.val_every) == 0 and s != r.steps
+
     def _metrics_row(self, s: int, loss_v: float, lr: float, gn_v: float) -> dict | None:
         """The metrics row of update ``s`` (None when it logs nothing): every ``log_every`` steps, the first and
         the last (with throughput since the previous one), and every ``val_every`` (with a validation loss,
         except at the last step, whose full pass is the final row). Collective: every rank calls it."""
         r, lcfg = self.res, self.cfg.logging
-        validate = int(lcfg.val_every) > 0 and s % int(lcfg.val_every) == 0 and s != r.steps
+        log, validate = self._row_due(s)
         row = None
-        if s % int(lcfg.log_every) == 0 or s == r.steps or s == 1:
+        if log:
             now = time.time()
             t_last, step_last = self._last_row
             row = {"step": s, "tokens": s * r.tokens_per_step, "loss": loss_v, "lr": lr, "grad_norm": gn_v,
@@ -688,10 +735,6 @@ def _install_stop_signals(trainer: Trainer) -> dict:
     return received
 
 
-#: files that make a folder a run directory (something trained, or is training, there)
-_RUN_FILES = ("state.json", "metrics.jsonl", "summary.json", "ckpt", runlock.LOCK_FILE)
-
-
 def where_config_lives(cfg: DictConfig, config_file: str | Path, overrides: list[str]) -> DictConfig:
     """A run replayed from ``<dir>/config.yaml`` trains in ``<dir>`` when ``<dir>`` is named after the run's id: a
     copied or moved run directory trains (and resumes from its checkpoint) where it is now, not at the path its
@@ -704,7 +747,7 @@ def where_config_lives(cfg: DictConfig, config_file: str | Path, overrides: list
         return cfg
     own = run_id(cfg) if not overrides else run_id(load_config_file(config_file))
     if home.name != own:
-        if any((home / f).exists() for f in _RUN_FILES):
+        if any((home / f).exists() for f in paths.RUN_MARKERS):
             raise QuartetError(f"{home} holds a run's files but its config.yaml is run {own} (was the folder renamed, "
                                f"or config.yaml edited?); rename the folder to {own}, or copy config.yaml to a "
                                f"folder of its own, then run again")
@@ -724,7 +767,7 @@ def os_error_line(exc: OSError, directory: Path | None) -> str:
         return f"{what}; {permission_hint(exc.filename or directory)}"
     fix = {errno.ENOSPC: "free space on that file system", errno.EDQUOT: "free space within your disk quota",
            errno.EROFS: "the file system is read-only: remount it read-write or set run.out_dir elsewhere"}
-    err = directory / "error.txt" if directory is not None else None
+    err = directory / paths.ERROR if directory is not None else None
     saved = (f"the run is marked failed, details in {err}" if err is not None and err.is_file() and err.stat().st_size
              else "nothing more could be recorded")
     return (f"{what}; {saved}; {fix.get(exc.errno, 'fix the cause')}, then run the same command again "

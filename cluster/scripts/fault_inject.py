@@ -1,21 +1,26 @@
 """Fault injection on tiny CPU runs: kill inside a checkpoint write, kill -9 of a sweep's launcher, a full disk, a
-run directory moved while it trains. Each interrupted run is recovered the documented way (the same command again,
-a relaunch, or `--config-file NEW/config.yaml`) and compared with an uninterrupted twin.
+run directory moved while it trains, budget branches (a trunk killed after its branch point and relaunched together
+with its branch, a branch killed mid-decay, a finished trunk whose ckpt/ was deleted) and metrics rows lost while a
+run was stopped (a torn row, a deleted metrics.jsonl). Each interrupted run is recovered the documented way (the
+same command again, a relaunch, `--config-file NEW/config.yaml`, or the command a one-line error gives) and compared
+with an uninterrupted twin.
 
-Prints one line per trial and a summary ``runs lost / trained twice / exact resume`` (target: 0 / 0 / all):
+Prints one line per trial and a summary ``runs lost / trained twice / exact resume`` (target: 0 / 0 / all) and
+``metrics rows missing without a word`` (target: 0):
 - lost: a run that did not complete after its recovery, or a one-line-error check that failed;
 - trained twice: a step logged twice (or more than one final row) in a run's metrics.jsonl, or a moved run's old path
   written again;
-- exact resume: the recovered run's per-step losses and final validation loss equal its twin's, bit for bit.
+- exact resume: the recovered run's per-step losses and final validation loss equal its twin's, bit for bit (rows that
+  its summary.json names as lost, ``metrics_gap``, left out of the comparison);
+- missing without a word: a step of the twin's curve that the run's metrics.jsonl lacks and its summary does not name.
 
     python cluster/scripts/fault_inject.py [--repeats 2] [--steps 200] [--out DIR] [--keep]
 
-Defaults take about 3-5 minutes on 2 cores. Exit status 1 unless the summary is 0 / 0 / all.
+Defaults take about 5-8 minutes on 2 cores. Exit status 1 unless the summary is 0 / 0 / all and 0.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import signal
@@ -26,6 +31,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from quartet import paths  # noqa: E402  (stdlib only: this script imports no torch)
 TINY = ["model=llama_nano", "data=shakespeare_small", "logging=quiet", "logging.log_every=1", "run.threads=1",
         "budget=tokens", "run.device=cpu"]
 TOKENS_PER_STEP = 512  # llama_nano: 8 x 64-token sequences
@@ -71,18 +80,25 @@ def _cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
 
 def _rows(d: Path) -> list[dict]:
     try:
-        return [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    except (OSError, ValueError):
+        return [row for _, _, row in paths.metrics_lines(d) if isinstance(row, dict)]
+    except OSError:
         return []
 
 
 def _curve(d: Path) -> tuple[list[tuple[int, float]], float | None]:
     """(step, train loss) of every row and the final validation loss (None when the run did not complete)."""
-    try:
-        val = json.loads((d / "summary.json").read_text())["val_loss"]
-    except (OSError, ValueError, KeyError):
-        val = None
+    val = (paths.read_summary(d) or {}).get("val_loss")
     return [(r["step"], r.get("loss")) for r in _rows(d) if not r.get("final")], val
+
+
+def _gap_steps(d: Path) -> set[int]:
+    """The steps a completed run's summary.json names as lost rows (``metrics_gap``: "1-3,7")."""
+    out: set[int] = set()
+    for part in str(((paths.read_summary(d) or {}).get("metrics_gap") or {}).get("steps") or "").split(","):
+        if part:
+            lo, _, hi = part.partition("-")
+            out.update(range(int(lo), int(hi or lo) + 1))
+    return out
 
 
 def _twice(d: Path) -> bool:
@@ -101,19 +117,24 @@ def _run_dir(over: list[str]) -> Path:
 
 class Tally:
     def __init__(self) -> None:
-        self.trials = self.lost = self.twice = self.exact = 0
+        self.trials = self.lost = self.twice = self.exact = self.silent = 0
 
     def judge(self, name: str, d: Path, ref: tuple, ok: bool, why: str = "", also_twice: bool = False) -> None:
         curve, val = _curve(d)
+        named = _gap_steps(d)
+        unsaid = {s for s, _ in ref[0]} - {s for s, _ in curve} - named  # rows gone that nothing names
         lost = val is None or not ok
         twice = _twice(d) or also_twice
-        exact = not lost and (curve, val) == ref
+        exact = not lost and (curve, val) == ([r for r in ref[0] if r[0] not in named], ref[1])
         self.trials += 1
         self.lost += lost
         self.twice += twice
         self.exact += exact
+        self.silent += bool(unsaid)
         verdict = "exact" if exact else ("LOST" if lost else "DIFFERENT")
-        print(f"{name:<34} {verdict:<9} {'TRAINED TWICE ' if twice else ''}{why}", flush=True)
+        said = f"(lost rows named: {len(named)}) " if named else ""
+        hole = f"ROWS MISSING WITHOUT A WORD: {len(unsaid)} " if unsaid else ""
+        print(f"{name:<40} {verdict:<9} {'TRAINED TWICE ' if twice else ''}{hole}{said}{why}", flush=True)
 
 
 def _one_line(res: subprocess.CompletedProcess, what: str) -> tuple[bool, str]:
@@ -143,9 +164,8 @@ def full_disk(out: Path, base: list[str], ref: tuple, at: int, tally: Tally) -> 
     res = _inject("enospc", at, over)
     ok, why = _one_line(res, "No space left on device")
     try:
-        state = json.loads((d / "state.json").read_text())
-        recorded = state.get("state") == "failed" and (d / "error.txt").stat().st_size > 0
-    except (OSError, ValueError):
+        recorded = paths.outcome(d) == "failed" and (d / paths.ERROR).stat().st_size > 0
+    except OSError:
         recorded = False
     if not recorded:
         ok, why = False, why + " (state.json not failed or error.txt empty)"
@@ -173,7 +193,7 @@ def moved_while_training(out: Path, base: list[str], ref: tuple, step: int, tall
             proc.kill()
             proc.wait()
     ok, why = _one_line(subprocess.CompletedProcess(proc.args, proc.returncode, "", err), "was moved to")
-    res = _cli("train", "--config-file", str(new / "config.yaml"))
+    res = _cli("train", "--config-file", str(new / paths.CONFIG))
     split = d.exists()  # anything written at the old path again
     tally.judge(f"moved while training at step ~{step}", new, ref, ok and res.returncode == 0, why, also_twice=split)
 
@@ -202,13 +222,13 @@ def launcher_kill(out: Path, tokens: tuple[int, int], delay: float | str, tally:
         res = _cli("sweep", str(spec), "--runs-dir", str(ref_root))
         if res.returncode != 0:
             raise RuntimeError(f"reference sweep failed: {res.stderr[-1000:]}")
-        refs.update({p.name: _curve(p) for p in (ref_root / "fi").iterdir() if (p / "summary.json").is_file()})
+        refs.update({p.name: _curve(p) for p in (ref_root / "fi").iterdir() if paths.outcome(p) == "finished"})
     root = out / f"sweep-kill-{delay}"
     proc = subprocess.Popen([sys.executable, "-m", "quartet.cli", "sweep", str(spec), "--runs-dir", str(root)],
                             cwd=REPO, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     if delay == "mid":  # as soon as a worker has trained a few steps, whatever the machine's speed
         deadline = time.time() + 120
-        while time.time() < deadline and not any(_line_count(m) >= 3 for m in root.glob("fi/*/metrics.jsonl")):
+        while time.time() < deadline and not any(_line_count(m) >= 3 for m in root.glob(f"fi/*/{paths.METRICS}")):
             time.sleep(0.05)
     else:
         time.sleep(float(delay))
@@ -230,6 +250,100 @@ def launcher_kill(out: Path, tokens: tuple[int, int], delay: float | str, tally:
         when = "mid-training" if delay == "mid" else f"{float(delay):g}s"
         tally.judge(f"launcher kill -9 at {when}: {name[:22]}", d, ref, True,
                     f"(status after the kill: {states.get(name, '-')})" if states else "")
+
+
+def rows_lost_while_stopped(out: Path, base: list[str], ref: tuple, how: str, at: int, tally: Tally) -> None:
+    """A run killed inside checkpoint write ``at`` loses metrics rows up to its last checkpoint while it is stopped
+    (``torn``: the row of the checkpoint's step cut mid-write and the later ones gone, as a power loss can leave it;
+    ``deleted``: metrics.jsonl removed), then runs again: it must complete and name the rows it lacks."""
+    over = [*base, f"run.out_dir={out / f'rows-{how}-{at}'}"]
+    d = _run_dir(over)
+    res = _inject("kill", at, over)
+    ok = res.returncode == -signal.SIGKILL
+    step = int(paths.read_state(d).get("step") or 0)
+    metrics = d / paths.METRICS
+    if how == "deleted":
+        metrics.unlink()
+    else:
+        rows = [(r["step"], ln) for _, ln, r in paths.metrics_lines(d) if isinstance(r, dict)]
+        cut = next(ln for s, ln in rows if s == step)
+        metrics.write_text("".join(ln + "\n" for s, ln in rows if s < step) + cut[:len(cut) // 2])
+    res = _cli("train", *over)
+    said = "metrics.jsonl lacks" in paths.tail(d / paths.TRAIN_LOG)
+    tally.judge(f"rows {how} before checkpoint (step {step})", d, ref, ok and res.returncode == 0 and said,
+                "" if said else "(no warning line in train.log)")
+
+
+class Branches:
+    """A budget branch of ``steps`` updates (WSD, decay over the last fifth) and its trunk, as quartet train
+    overrides, with their uninterrupted curves."""
+
+    def __init__(self, out: Path, steps: int, every: int) -> None:
+        self.step = steps - int(0.2 * steps + 0.5)  # the decay start: where the branch leaves its trunk
+        # the trunk's checkpoints fall beside its branch point, so a trunk killed after it resumes from before it
+        self.trunk_every = next(e for e in range(every, every + self.step) if self.step % e)
+        wsd = [*TINY, "optim.schedule=wsd", "optim.warmup_steps=3"]
+        self.trunk_base = [*wsd, f"budget.tokens={self.step * TOKENS_PER_STEP}", "optim.decay_fraction=0",
+                           f"branch.save_steps=[{self.step}]", f"logging.ckpt_every={self.trunk_every}"]
+        self.branch_base = [*wsd, f"budget.tokens={steps * TOKENS_PER_STEP}", "optim.decay_fraction=0.2",
+                            f"logging.ckpt_every={every}"]
+        self.ref_trunk, self.ref_branch = self.train(out / "ref-branches")
+
+    def overrides(self, where: Path) -> tuple[list[str], list[str]]:
+        """(trunk, branch) overrides of the pair under ``where``."""
+        trunk = [*self.trunk_base, f"run.out_dir={where}"]
+        tid = _run_dir(trunk).name
+        return trunk, [*self.branch_base, f"run.out_dir={where}", f"branch.trunk={tid}", f"branch.step={self.step}"]
+
+    def train(self, where: Path) -> tuple[tuple, tuple]:
+        trunk, branch = self.overrides(where)
+        for over in (trunk, branch):
+            res = _cli("train", *over)
+            if res.returncode != 0:
+                raise RuntimeError(f"reference budget branch failed: {res.stderr[-1000:]}")
+        return _curve(_run_dir(trunk)), _curve(_run_dir(branch))
+
+
+def trunk_killed_then_relaunched_with_its_branch(out: Path, br: Branches, i: int, tally: Tally) -> None:
+    """The trunk is killed inside its last checkpoint write, after its branch point (its last.pt is older); then trunk
+    and branch are started together: the branch's first rows are the trunk's up to the branch step, whatever the
+    resuming trunk does to its own metrics.jsonl meanwhile."""
+    trunk, branch = br.overrides(out / f"trunk-kill-{i}")
+    res = _inject("kill", br.step // br.trunk_every + 2, trunk)  # its earlier last.pt writes, the branch point, the last
+    ok = res.returncode == -signal.SIGKILL
+    procs = [subprocess.Popen([sys.executable, "-m", "quartet.cli", "train", *over], cwd=REPO, env=_env(),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for over in (trunk, branch)]
+    errs = [p.communicate(timeout=600)[1] for p in procs]
+    ok = ok and all(p.returncode == 0 for p in procs)
+    why = "" if ok else f"(rc {[p.returncode for p in procs]}: {' | '.join(e.strip()[-200:] for e in errs)!r})"
+    tally.judge(f"trunk kill after branch point #{i}", _run_dir(trunk), br.ref_trunk, ok, why)
+    tally.judge(f"  its branch, started with it #{i}", _run_dir(branch), br.ref_branch, ok, why)
+
+
+def branch_killed_inside_checkpoint(out: Path, br: Branches, tally: Tally) -> None:
+    trunk, branch = br.overrides(out / "branch-kill")
+    ok = _cli("train", *trunk).returncode == 0
+    res = _inject("kill", 1, branch)  # its first checkpoint: it restarts from the trunk's branch point
+    ok = ok and res.returncode == -signal.SIGKILL
+    res = _cli("train", *branch)
+    tally.judge("branch kill inside checkpoint #1", _run_dir(branch), br.ref_branch, ok and res.returncode == 0,
+                res.stderr.strip()[-200:])
+
+
+def finished_trunk_without_ckpt(out: Path, br: Branches, tally: Tally) -> None:
+    """The trunk finished and its ckpt/ was deleted to free disk: the branch says so in one line, and the way back it
+    gives (this budget from scratch) ends equal to the branch."""
+    trunk, branch = br.overrides(out / "trunk-ckpt-deleted")
+    ok = _cli("train", *trunk).returncode == 0
+    shutil.rmtree(_run_dir(trunk) / paths.CKPT)
+    res = _cli("train", *branch)
+    good, why = _one_line(res, "is finished but")
+    back = "branch.trunk=null branch.step=null"
+    good = good and back in res.stderr
+    scratch = [*branch, *back.split()]
+    res = _cli("train", *scratch)
+    tally.judge("branch of a trunk without ckpt/", _run_dir(scratch), br.ref_branch,
+                ok and good and res.returncode == 0, why)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -260,6 +374,13 @@ def main(argv: list[str] | None = None) -> int:
             full_disk(out, base, ref, min(3 + 2 * i, writes), tally)
             moved_while_training(out, base, ref, max(3, int(args.steps * (0.3 + 0.4 * i / max(1, args.repeats)))),
                                  tally)
+        for how, at in (("torn", 2), ("deleted", min(3, writes))):
+            rows_lost_while_stopped(out, base, ref, how, at, tally)
+        br = Branches(out, args.steps, every)
+        for i in range(args.repeats):
+            trunk_killed_then_relaunched_with_its_branch(out, br, i, tally)
+        branch_killed_inside_checkpoint(out, br, tally)
+        finished_trunk_without_ckpt(out, br, tally)
         refs: dict = {}
         for delay in (x.strip() if x.strip() == "mid" else float(x) for x in args.sweep_kills.split(",") if x.strip()):
             launcher_kill(out, (2048, 4096), delay, tally, refs)
@@ -268,8 +389,9 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(out, ignore_errors=True)
     exact = "all" if tally.exact == tally.trials else f"{tally.exact}/{tally.trials}"
     print(f"fault injection: {tally.trials} interrupted runs in {time.time() - t0:.0f} s; "
-          f"runs lost / trained twice / exact resume: {tally.lost} / {tally.twice} / {exact}")
-    return 0 if tally.lost == 0 and tally.twice == 0 and tally.exact == tally.trials else 1
+          f"runs lost / trained twice / exact resume: {tally.lost} / {tally.twice} / {exact}; "
+          f"metrics rows missing without a word: {tally.silent}")
+    return 0 if tally.lost == 0 and tally.twice == 0 and tally.exact == tally.trials and tally.silent == 0 else 1
 
 
 if __name__ == "__main__":

@@ -71,7 +71,8 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from quartet.paths import own_corpus_overrides  # noqa: E402  (stdlib only, as quartet.proc)
+from quartet import paths  # noqa: E402  (stdlib only, as quartet.proc)
+from quartet.paths import own_corpus_overrides  # noqa: E402
 from quartet.proc import pid_alive, process_tree  # noqa: E402  (stdlib only: the parent imports no torch)
 GB = 1e9
 #: the GPU machine requires NVLink multicast off (NVLS in NCCL, symmetric memory in torch)
@@ -189,7 +190,7 @@ def kill_tree(p: subprocess.Popen, grace: float = 15.0) -> None:
 
 def losses(run_dir: Path) -> dict[int, float]:
     """step -> training loss of a run directory's metrics.jsonl."""
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    rows = [row for _, _, row in paths.metrics_lines(run_dir) if isinstance(row, dict)]
     return {int(r["step"]): float(r["loss"]) for r in rows if "loss" in r}
 
 
@@ -371,7 +372,7 @@ class Check:
                 rec["tokens_per_s_per_gpu"] = r0["tokens_per_step"] / s["world"] / rec["step_s_median"]
             run_dir = Path(r0["run_dir"])
             rec["losses"] = losses(run_dir)
-            env_json = run_dir / "env.json"
+            env_json = run_dir / paths.ENV
             if env_json.is_file():
                 rec["run_env"] = json.loads(env_json.read_text())
         else:
@@ -460,7 +461,7 @@ class Check:
             res["why"] = f"not checked: the interrupted run is {stop['status']}"
             return
         src = Path(stop["run_dir"])
-        ckpt = src / "ckpt" / "last"
+        ckpt = paths.last_checkpoint(src, sharded=True)
         res["interrupted"] = {"state": stop["state"], "step": stop["step"],
                               "checkpoint_files": sorted(x.name for x in ckpt.iterdir()) if ckpt.is_dir() else []}
         want = [".metadata", "__0_0.distcp", "__1_0.distcp", "meta.pt"]
@@ -478,7 +479,7 @@ class Check:
             if rec["status"] != "ok" or full["status"] != "ok":
                 res[key] = {"ok": None, "why": f"not checked: {lab} {rec['status']}, {full['label']} {full['status']}"}
                 continue
-            log = (Path(rec["run_dir"]) / "train.log").read_text()
+            log = (Path(rec["run_dir"]) / paths.TRAIN_LOG).read_text()
             res[key] = {**compare(full, rec, a.tol_ranks, a.steps), "resumed": f"from step {a.stop_at}/" in log}
             res[key]["ok"] = res[key]["ok"] and res[key]["resumed"]
         self.save()

@@ -94,3 +94,25 @@ def test_local_pool_trains_trunk_then_branches_equal_to_independent_runs(tmp_pat
     df = load_runs_dir(root / "br")  # what fit and ladder read: the branches, not the trunk
     assert sorted(df["run_id"]) == sorted(r.run_id for r in plan.runs[1:])
     assert [d["run_id"] for d in df.attrs["dropped"] if "trunk" in d["reason"]] == [plan.runs[0].run_id]
+
+
+def test_branch_of_a_finished_trunk_without_its_checkpoints_fails_saying_why(tmp_path):
+    """R2: a relaunch neither holds such a branch back as waiting (its trunk will never save the step again) nor
+    says its trunk has not saved it: the branch fails with the reason and the ways back."""
+    import shutil
+
+    from cluster.launch import waits_for_trunk
+
+    spec, root = sweep(tmp_path, "br", "true"), tmp_path / "runs"
+    plan = make_plan(spec, None, [], str(root), with_state=False)
+    trunk = plan.runs[0]
+    write_run_config(trunk, plan.profile)
+    assert execute_run(trunk.run_dir, "local-1")["val_loss"] > 0
+    shutil.rmtree(trunk.run_dir / "ckpt")
+    assert not any(waits_for_trunk(b) for b in plan.runs[1:])
+    assert sweep_main([spec, "--runs-dir", str(root)]) != 0
+    views = {v.run_id: v for v in status.collect(plan.group_dir)}
+    for b in plan.runs[1:]:
+        v = views[b.run_id]
+        assert v.state == "failed" and f"its trunk {trunk.run_id} is finished but" in v.error, (v.state, v.error)
+        assert "branch.trunk=null branch.step=null" in v.error and "waits" not in v.error

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import re
+import shlex
+import shutil
 
 import pytest
 import torch
@@ -12,7 +16,8 @@ from quartet import checkpoint as ckpt_io
 from quartet.config import compose, resolve
 from quartet.errors import ConfigError
 from quartet.runs import run_dir, run_id
-from quartet.train import BranchWaitingError, Trainer, branch_checkpoint, wsd_lr_at
+from quartet.paths import branch_point
+from quartet.train import BranchWaitingError, Trainer, wsd_lr_at
 
 #: 512 tokens a step: a 24-step WSD run (decay from update 19), the trunk to update 19, warm-up 3 for every budget
 WSD = ["optim.micro_batch_size=4", "optim.schedule=wsd", "optim.decay_fraction=0.2", "optim.warmup_steps=3",
@@ -92,7 +97,7 @@ def test_branch_starts_at_the_trunk_state_and_equals_an_independent_wsd_run(tiny
     assert Trainer(trunk).run()["state"] == "completed"
     tdir = run_dir(trunk)
     for s in SAVE:  # kept beside last.pt, never rotated into prev.pt
-        state = ckpt_io.load(branch_checkpoint(tdir, s))
+        state = ckpt_io.load(branch_point(tdir, s))
         assert state["step"] == s and state["run_id"] == run_id(trunk)
         for k, v in at[s].items():
             assert torch.equal(state["model"][k], v), (s, k)
@@ -128,13 +133,13 @@ def test_killed_trunk_and_branch_resume_bit_exact(tiny_cfg, tmp_path):
     with pytest.raises(KeyboardInterrupt):
         t.run()
     tdir = run_dir(trunk)
-    assert ckpt_io.load(tdir / "ckpt" / "last.pt")["step"] == 10 and branch_checkpoint(tdir, 11).is_file()
+    assert ckpt_io.load(tdir / "ckpt" / "last.pt")["step"] == 10 and branch_point(tdir, 11).is_file()
     seen = []
     t = Trainer(trunk)
     t.callbacks.append(lambda tr, row: seen.append(row["step"]))
     assert t.run()["state"] == "completed" and seen[0] == 11
     for s in SAVE:
-        a, b = ckpt_io.load(branch_checkpoint(run_dir(ref_trunk), s)), ckpt_io.load(branch_checkpoint(tdir, s))
+        a, b = ckpt_io.load(branch_point(run_dir(ref_trunk), s)), ckpt_io.load(branch_point(tdir, s))
         assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"]), s
 
     bcfg = branch_cfg(tiny_cfg, trunk)
@@ -154,3 +159,84 @@ def test_branch_without_its_trunk_checkpoint_waits_and_writes_nothing(tiny_cfg, 
     with pytest.raises(BranchWaitingError, match=f"waits for its trunk {run_id(trunk)} to save step 19"):
         Trainer(bcfg)
     assert not run_dir(bcfg).exists()
+
+
+#: a budget whose decay starts at the trunk's first branch point (14 updates, 3 decaying: decay start 11)
+SHORT_D, SHORT_STEP = 14 * 512, SAVE[0]
+
+
+def test_branch_starting_while_its_trunk_resumes_keeps_the_trunks_rows(tiny_cfg):
+    """R1: a trunk killed after its branch point 11 (last.pt at 10) is relaunched; the branch of step 11 starts just
+    after the trunk's resume cut its live metrics back to step 10. The branch's rows 1..11 are still the trunk's
+    rows 1..11 (taken from the branch point, not from the trunk's live file)."""
+    trunk = trunk_cfg(tiny_cfg)
+    t = Trainer(trunk)
+    t.callbacks.append(crash_at(13))
+    with pytest.raises(KeyboardInterrupt):
+        t.run()
+    tdir = run_dir(trunk)
+    assert [r["step"] for r in rows(tdir)] == list(range(1, 14))
+    bcfg = tiny_cfg(*WSD, f"budget.tokens={SHORT_D}", f"branch.trunk={run_id(trunk)}", f"branch.step={SHORT_STEP}")
+    resumed = Trainer(trunk)
+    begin, branch = resumed.record.begin, {}
+
+    def begin_then_branch(step, *args, **kwargs):  # the concurrent start, at its worst moment
+        begin(step, *args, **kwargs)
+        assert step == 10 and max(r["step"] for r in rows(tdir)) == 10
+        branch.update(Trainer(bcfg).run())
+
+    resumed.record.begin = begin_then_branch
+    assert resumed.run()["state"] == "completed" and branch["state"] == "completed"
+    got = [r for r in rows(run_dir(bcfg)) if r["step"] <= SHORT_STEP]
+    ref = [r for r in rows(tdir) if r["step"] <= SHORT_STEP]
+    assert [r["step"] for r in got] == list(range(1, SHORT_STEP + 1))
+    for a, b in zip(ref, got):
+        for key in ("loss", "lr", "grad_norm", "val_loss"):
+            assert a.get(key) == b.get(key), (a["step"], key)
+    assert "metrics_gap" not in branch
+
+
+def _follow(message: str, pattern: str) -> re.Match:
+    m = re.search(pattern, message)
+    assert m, (pattern, message)
+    return m
+
+
+def test_branch_of_a_finished_trunk_without_its_branch_point_says_so_and_both_ways_back_work(tiny_cfg):
+    """R2: the trunk finished, then its ckpt/ was deleted (or its branch point damaged): the branch is not told to
+    wait for a step the trunk will never save again; it is told what happened and given two commands, each of
+    which ends in a completed run of that budget."""
+    from quartet.config import load_config_file, to_yaml
+    from quartet.train import BranchSourceLostError, cli_main
+
+    trunk = trunk_cfg(tiny_cfg)
+    Trainer(trunk).run()
+    tdir = run_dir(trunk)
+    bcfg = branch_cfg(tiny_cfg, trunk)
+    point = branch_point(tdir, TRUNK_STEPS)
+    point.write_bytes(point.read_bytes()[:-100])
+    with pytest.raises(BranchSourceLostError, match=f"its trunk {run_id(trunk)} is finished but .*branch_19.pt is "
+                                                    f"unusable \\(truncated"):
+        Trainer(bcfg).run()
+    shutil.rmtree(tdir / "ckpt")  # what a user reclaiming disk does
+    bdir = run_dir(bcfg)
+    resolve(bcfg)
+    (bdir / "config.yaml").write_text(to_yaml(bcfg))  # as a sweep launch leaves it
+    with pytest.raises(BranchSourceLostError) as err:
+        Trainer(bcfg)
+    msg = str(err.value)
+    assert "\n" not in msg and "is missing" in msg and "waits" not in msg
+
+    # way 1: this budget from scratch, beside the branch
+    cmd = _follow(msg, r"from scratch \(the same WSD run, its own run id\): quartet train ([^;]+);").group(1)
+    assert cli_main(shlex.split(cmd)) == 0
+    alone = load_config_file(bdir / "config.yaml", ["branch.trunk=null", "branch.step=null"])
+    assert (bdir.parent / run_id(alone) / "summary.json").is_file()
+    assert run_id(alone) == run_id(tiny_cfg(*WSD, f"budget.tokens={D}"))  # the independent WSD run of the budget
+
+    # way 2: retrain the trunk, then the branch starts from it
+    mv_from, mv_to, ckpt, cmd = _follow(msg, r"mv (\S+) (\S+) && rm -r (\S+) && quartet train ([^,]+), then").groups()
+    os.rename(mv_from, mv_to)
+    assert not os.path.exists(ckpt)
+    assert cli_main(shlex.split(cmd)) == 0 and point.is_file()
+    assert Trainer(bcfg).run()["state"] == "completed"

@@ -197,3 +197,47 @@ def test_crash_then_rerun_resumes_from_last_checkpoint_without_duplicate_rows(ti
     got, ref = rows(d), rows(run_dir(ref_cfg))
     assert [r["step"] for r in got] == [r["step"] for r in ref]  # rows 5, 6 were dropped and recomputed
     assert [r.get("loss") for r in got] == [r.get("loss") for r in ref]
+
+
+def _stopped_at_5(cfg):
+    t = Trainer(cfg)
+    t.callbacks.append(stop_at(5))
+    assert t.run()["state"] == "preempted"
+    return run_dir(cfg)
+
+
+def test_resume_records_a_torn_row_before_the_checkpoint_as_a_gap(tiny_cfg):
+    """R3: power lost after the checkpoint of step 5 but before row 5 reached the disk (a torn last line): the
+    resume drops the torn line, warns, and the completed run says which rows its curve lacks."""
+    cfg = tiny_cfg()
+    d = _stopped_at_5(cfg)
+    path = d / "metrics.jsonl"
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join(lines[:-1]) + "\n" + lines[-1][:17])  # row 5 cut mid-write, no newline
+    out = Trainer(cfg).run()
+    assert out["state"] == "completed"
+    got = [r["step"] for r in rows(d) if not r.get("final")]
+    assert got == [1, 2, 3, 4, *range(6, 13)]  # the torn line is gone, rows 6.. appended after row 4
+    gap = {"rows": 1, "steps": "5"}
+    assert json.loads((d / "summary.json").read_text())["metrics_gap"] == gap == out["metrics_gap"]
+    assert json.loads((d / "state.json").read_text())["metrics_gap"] == gap
+    log = (d / "train.log").read_text()
+    assert "dropped 1 torn line" in log and "lacks 1 row(s) of steps 1..5 (steps 5)" in log
+
+
+def test_resume_records_a_deleted_metrics_file_and_a_whole_curve_says_nothing(tiny_cfg, tmp_path):
+    """R3: metrics.jsonl deleted while the run was stopped: rows 1..5 cannot come back; the run says so. A resume
+    whose rows are all there (also under another logging.log_every) records no gap."""
+    cfg = tiny_cfg()
+    d = _stopped_at_5(cfg)
+    (d / "metrics.jsonl").unlink()
+    Trainer(cfg).run()
+    assert json.loads((d / "summary.json").read_text())["metrics_gap"] == {"rows": 5, "steps": "1-5"}
+    assert [r["step"] for r in rows(d) if not r.get("final")] == list(range(6, 13))
+
+    whole = tiny_cfg(f"run.out_dir={tmp_path / 'whole'}")
+    d = _stopped_at_5(whole)
+    Trainer(tiny_cfg(f"run.out_dir={tmp_path / 'whole'}", "logging.log_every=4")).run()
+    assert "metrics_gap" not in json.loads((d / "summary.json").read_text())
+    assert "metrics_gap" not in json.loads((d / "state.json").read_text())
+    assert [r["step"] for r in rows(d) if not r.get("final")] == [1, 2, 3, 4, 5, 8, 12]
