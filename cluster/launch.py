@@ -113,7 +113,7 @@ def record_group_owner(plan: Plan, origin: str) -> None:
     """Write :data:`SWEEP_RECORD` into the group folder (launches only; the first launch of a folder names it)."""
     path = plan.group_dir / SWEEP_RECORD
     if (runstate.read_json(path) or {}).get("sweep_file") != origin:
-        runstate.atomic_write_text(path, json.dumps({"sweep": plan.spec.name, "sweep_file": origin}) + "\n")
+        paths.atomic_write_text(path, json.dumps({"sweep": plan.spec.name, "sweep_file": origin}) + "\n", parents=True)
 
 
 def make_plan(name: str, cluster: str | None, overrides: list[str], runs_dir: str | None = None,
@@ -204,7 +204,6 @@ def waits_for_trunk(run: PlannedRun) -> bool:
     """A budget branch that cannot start yet: no checkpoint of its own, and its trunk's is not there yet (a finished
     trunk will never write it: such a branch is started, and fails saying so)."""
     from quartet import checkpoint as ckpt_io
-    from quartet import paths
 
     src = paths.branch_source(run.cfg, run.run_dir)
     return (src is not None and not src.is_file() and not (paths.trunk_of(src) / paths.SUMMARY).is_file()

@@ -166,7 +166,7 @@ def last_record(run_dir: Path | str) -> dict[str, Any]:
     """What the lock file says, whether or not it is held ({} when absent, empty or unreadable): the holder's record
     while held, a killed holder's after, nothing after a clean release. Reads only (no lock probe)."""
     try:
-        fd = os.open(Path(run_dir) / LOCK_FILE, os.O_RDONLY)
+        fd = os.open(Path(run_dir) / TRAIN_LOCK, os.O_RDONLY)
     except OSError:
         return {}
     try:

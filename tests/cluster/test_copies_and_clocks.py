@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from cluster import runstate
-from quartet import proc, runlock
+from quartet import paths, proc, runlock
 
 
 def _files(d: Path) -> dict[str, bytes]:
@@ -61,7 +61,7 @@ def test_a_moved_run_of_a_dead_trainer_is_still_lost(tmp_path):
     d.mkdir(parents=True)
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()
-    (d / runlock.LOCK_FILE).write_text(json.dumps({"pid": child.pid, "host": socket.gethostname(), "dir": str(d)}))
+    (d / paths.TRAIN_LOCK).write_text(json.dumps({"pid": child.pid, "host": socket.gethostname(), "dir": str(d)}))
     (d / runstate.STATE).write_text(json.dumps({"state": "running", "step": 2, "total_steps": 9, "pid": child.pid,
                                                 "pid_start": 1.0, "host": socket.gethostname()}))
     moved = tmp_path / "new" / "run-b"
