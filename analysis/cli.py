@@ -544,3 +544,157 @@ def print_forecast(fit, rows: list[dict], console=None) -> None:
     flagged = {r["precision"]: r for r in rows if r["status"] != "converged" and not r["message"].startswith("inherited")}
     for prec, r in flagged.items():
         console.print(f"[yellow]{prec}: fit {r['status']}: {r['message']}[/yellow]")
+
+
+def _names(text: str, flag: str) -> list[str]:
+    items = [x.strip() for x in (text or "").split(",") if x.strip()]
+    if not items:
+        raise AnalysisError(f"{flag} is empty: give at least one, separated by commas")
+    return items
+
+
+def design_main(argv: list[str] | None = None, cell_of=None, labels_of=None) -> int:
+    """``quartet design SOURCE... --precisions P,... --models M,... --dn R,... --gpu-hours H``: the cheapest runs that
+    pin the asked efficiencies in a simulation of ``quartet fit`` (:mod:`analysis.design`). ``cell_of(model, dn)``
+    and ``labels_of(precision)`` resolve names from the training configs (the dispatcher passes them)."""
+    from analysis import design as dz
+    from analysis.verdict import INTERVAL_KINDS, PINNED_WIDTH
+    from quartet.paths import REPO_ROOT
+
+    speeds_default = ",".join(str(REPO_ROOT / "benchmarks" / "results" / "recipes" / f)
+                              for f in ("recipe_speed.json", "speed_200m.json"))
+    p = argparse.ArgumentParser(
+        prog="quartet design",
+        description="Choose the runs that pin efficiencies before running them: simulate the fit quartet fit will "
+                    "run (existing runs + candidate runs drawn from the planted law with seed noise and the law's "
+                    "misfit per size) and search for the cheapest cells that pin what is asked within a GPU budget.",
+        epilog="example: quartet design benchmarks/results/recipes/losses.csv --fit benchmarks/results/recipes/fit.json "
+               "--precisions quartet_fwd,quartet_bwd --models llama_3m,llama_7m,llama_20m --dn 5,10,20,40,80 "
+               "--gpu-hours 1")
+    p.add_argument("source", nargs="+", help="existing runs: loss tables or runs directories (merged by run id)")
+    p.add_argument("--precisions", required=True, metavar="P,...", help="precisions to measure, e.g. quartet_fwd")
+    p.add_argument("--models", required=True, metavar="M,...", help="candidate model sizes (conf/model names)")
+    p.add_argument("--dn", required=True, metavar="R,...", help="candidate budgets, tokens per parameter")
+    p.add_argument("--gpu-hours", type=float, required=True, metavar="H", help="the budget for the added runs")
+    p.add_argument("--fit", default=None, metavar="FIT.json",
+                   help="planted efficiencies: a fit JSON's point estimates (a half variant takes its recipe's)")
+    p.add_argument("--plant", action="append", default=[], metavar="P=EFFN,EFFD", help="a precision's planted values")
+    p.add_argument("--width", type=float, default=PINNED_WIDTH, help=f"pinned width (default {PINNED_WIDTH})")
+    p.add_argument("--kind", choices=list(INTERVAL_KINDS), default="base_fixed",
+                   help="the interval kind that must be pinned (default base_fixed)")
+    p.add_argument("--max-seeds", type=int, default=3, help="most seeds per cell (default 3)")
+    p.add_argument("--min-cells", type=int, default=dz.MIN_CELLS, help=f"fewest cells per precision ({dz.MIN_CELLS})")
+    p.add_argument("--min-steps", type=int, default=dz.MIN_STEPS, help=f"fewest updates of a run ({dz.MIN_STEPS})")
+    p.add_argument("--min-params", type=float, default=None, metavar="N", help="the rung rule (default as quartet fit)")
+    p.add_argument("--confidence", type=float, default=dz.CONFIDENCE,
+                   help=f"share of simulated fits that must pin (default {dz.CONFIDENCE})")
+    p.add_argument("--reps", type=int, default=8, help="simulated fits per design (default 8)")
+    p.add_argument("--bootstrap", type=int, default=100, help="bootstrap resamples per simulated fit (default 100)")
+    p.add_argument("--rounds", type=int, default=3, help="search rounds (default 3)")
+    p.add_argument("--seed", type=int, default=0, help="simulation seed")
+    p.add_argument("--speeds", default=speeds_default, metavar="JSON,...", help="measured step times (ladder_speed.py)")
+    p.add_argument("--no-pair", action="store_true", help="do not add bf16 runs at cells without them")
+    p.add_argument("--out", type=Path, default=None, metavar="DIR", help="write plan.md and plan.csv there")
+    p.add_argument("--sweep", type=Path, default=None, metavar="FILE", help="write the plan's runs as a sweep file")
+    args = p.parse_args(argv)
+    args.command = "quartet design " + " ".join(_quote(a) for a in (sys.argv[2:] if argv is None else argv))
+    logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(message)s")
+    logging.getLogger("analysis").setLevel(logging.ERROR)
+    try:
+        plan = _design(args, dz, cell_of, labels_of)
+    except AnalysisError as exc:
+        print(f"quartet design: {exc}", file=sys.stderr)
+        return 2
+    print(plan)
+    return 0
+
+
+def _design(args, dz, cell_of, labels_of) -> str:
+    """Check the options (one line each), search, write the outputs; returns the plan as text."""
+    import pandas as pd
+
+    from analysis.load import load
+    from analysis.report import MIN_PARAMS
+
+    if not (math.isfinite(args.gpu_hours) and args.gpu_hours > 0):
+        raise AnalysisError(f"--gpu-hours must be positive (got {args.gpu_hours:g})")
+    if not 0 < args.width:
+        raise AnalysisError(f"--width must be positive (got {args.width:g})")
+    for flag, v, lo in (("--reps", args.reps, 1), ("--bootstrap", args.bootstrap, 10), ("--max-seeds", args.max_seeds, 1),
+                        ("--min-cells", args.min_cells, 1), ("--rounds", args.rounds, 1), ("--seed", args.seed, 0),
+                        ("--min-steps", args.min_steps, 0)):
+        if v < lo:
+            raise AnalysisError(f"{flag} must be >= {lo} (got {v})")
+    if not 0 < args.confidence <= 1:
+        raise AnalysisError(f"--confidence must be in (0, 1] (got {args.confidence:g})")
+    dns = _floats(args.dn, "--dn")
+    if not dns or any(not (math.isfinite(r) and r > 0) for r in dns):
+        raise AnalysisError(f"--dn takes positive tokens-per-parameter ratios, e.g. 5,10,20 (got {args.dn!r})")
+    models, precisions = _names(args.models, "--models"), _names(args.precisions, "--precisions")
+    for path in (args.out, args.sweep):
+        if path is not None:
+            check_writable(path if path == args.sweep else path / "plan.md", "--out" if path == args.out else "--sweep")
+    planted = dz.planted_from_fit(args.fit) if args.fit else {}
+    for item in args.plant:
+        key, sep, vals = item.partition("=")
+        try:
+            en, ed = (float(x) for x in vals.split(","))
+        except ValueError:
+            raise AnalysisError(f"--plant takes PRECISION=EFFN,EFFD, e.g. quartet_fwd=0.6,1 (got {item!r})") from None
+        planted[key.strip()] = (en, ed)
+    targets = {}
+    for prec in precisions:
+        fw, bw = labels_of(prec)
+        if fw == bw == "bf16":
+            raise AnalysisError(f"--precisions {prec}: the baseline has no efficiency to measure")
+        targets[prec] = dz.make_target(prec, fw, bw, planted)
+    cells = [cell_of(m, r) for m in models for r in dns]
+    frames = [load(s) for s in args.source]
+    existing = pd.concat(frames, ignore_index=True)
+    if "run_id" in existing:
+        existing = existing.drop_duplicates("run_id")
+    min_params = MIN_PARAMS if args.min_params is None else args.min_params
+    candidates, notes = dz.eligible(cells, min_params, args.min_steps)
+    if not candidates:
+        raise AnalysisError("no candidate cells left: " + "; ".join(notes))
+    speeds = dz.StepSpeeds.from_json(_names(args.speeds, "--speeds"))
+    for t in targets.values():
+        speeds.step_ms(t.recipe, candidates[0].n_params, candidates[0].tokens_per_step)  # a recipe never measured: now
+    options = dz.FitOptions(bootstrap=args.bootstrap, min_params=min_params, width=args.width)
+    kept, report = dz.plant(existing, options)
+    noise = dz.noise_model(kept, report)
+    # other precisions' runs are fitted apart and change no target's interval: the simulated fits leave them out
+    base_rows_ = (kept["forward"] == BASE_LABEL) & (kept["backward"] == BASE_LABEL)
+    kept = kept[base_rows_ | kept["precision"].isin(list(targets))]
+    pair = not args.no_pair
+    result = dz.search(kept, targets, candidates, report.base.params, noise, speeds, budget_h=args.gpu_hours,
+                       options=options, kind=args.kind, reps=args.reps, seed=args.seed, max_seeds=args.max_seeds,
+                       min_cells=args.min_cells, confidence=args.confidence, rounds=args.rounds, pair=pair,
+                       progress=lambda line: print(line, file=sys.stderr, flush=True))
+    beyond, beyond_h, more = dz.what_it_takes(result, kept, targets, candidates, report.base.params, noise, speeds,
+                                              options=options, kind=args.kind, reps=max(args.reps // 2, 2),
+                                              seed=args.seed, max_seeds=args.max_seeds, min_cells=args.min_cells,
+                                              confidence=args.confidence, pair=pair)
+    runs = dz.plan_rows(result.design, result.summary, kept, targets, speeds, pair)
+    text = dz.plan_markdown(args=args, result=result, runs=runs, noise=noise, report=report, speeds=speeds,
+                            notes=notes, beyond=beyond, beyond_h=beyond_h, more=more, existing=kept,
+                            targets=targets, pair=pair)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "plan.md").write_text(text)
+        runs.to_csv(args.out / "plan.csv", index=False, float_format="%.6g")
+        result.summary.to_csv(args.out / "plan_widths.csv", index=False, float_format="%.4g")
+        text += f"\nwrote {args.out / 'plan.md'}, plan.csv, plan_widths.csv"
+    if args.sweep:
+        name = args.sweep.stem
+        args.sweep.write_text(dz.sweep_yaml(runs, name, f"runs chosen by quartet design ({len(runs)} runs, "
+                                                         f"{result.hours:.2f} GPU-hours predicted)",
+                                            [args.command,
+                                             "The runs quartet design chose (docs/analysis.md, 'Designing runs').",
+                                             f"  quartet sweep {name} --cluster local_gpu --dry-run"]))
+        text += f"\nwrote {args.sweep}"
+    return text
+
+
+def _quote(a: str) -> str:
+    return a if all(ch.isalnum() or ch in "-_=.,/:" for ch in a) else repr(a)

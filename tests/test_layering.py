@@ -5,7 +5,7 @@ Every import counts, at module level or inside a function (a lazy import is stil
 loaded by name (``importlib.import_module("…")`` / ``__import__("…")`` with a literal, and the dispatcher's
 ``"module:function"`` table). The layers, from the top:
 
-    dispatcher   quartet/cli.py, quartet/cli_demo.py, quartet/cli_predict.py  (may import anything; nothing imports them)
+    dispatcher   quartet/cli.py, cli_demo.py, cli_predict.py, cli_design.py  (may import anything; nothing imports them)
     cluster/     sweeps, run state, executors          (imports the library; never analysis, never the dispatcher)
     library      quartet/ … with quartet/kernels above quartet/quant
     analysis/    torch-free; from quartet only the version, its errors and its paths
@@ -19,7 +19,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("quartet", "cluster", "analysis")
 #: the CLI dispatcher layer: the one part of quartet/ that may import cluster/ and analysis/
-DISPATCHER = {"quartet.cli", "quartet.cli_demo", "quartet.cli_predict"}
+DISPATCHER = {"quartet.cli", "quartet.cli_demo", "quartet.cli_predict", "quartet.cli_design"}
 #: what analysis/ may take from quartet/ (torch-free leaves)
 ANALYSIS_MAY_IMPORT = {"quartet", "quartet.errors", "quartet.paths"}
 

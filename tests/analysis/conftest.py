@@ -34,5 +34,4 @@ def _script_fixture(script: str, name: str):
 
 branches_compare = _script_fixture("branches_compare", "branches_compare")
 recipes_table = _script_fixture("recipes_table", "recipes_table")
-design = _script_fixture("recipes_design", "design")
 oracle_sensitivity = _script_fixture("oracle_sensitivity", "oracle_sensitivity")
