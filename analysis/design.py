@@ -740,12 +740,14 @@ def sweep_yaml(runs: pd.DataFrame, name: str, description: str, header: list[str
     out += [f"name: {name}", f"description: {description}", "cluster: local_gpu", "fixed:", "  data: pycode",
             "  logging: ladder", "  run.device: cuda", "  run.compile: true", "  run.compile_mode: reduce-overhead",
             "  run.seed: 0"]
-    # a sweep without axes expands to one default run: the first run is the grid (its include twin is dropped)
+    # a sweep without axes expands to one default run: the first run is the grid, and not listed again below
     first = runs[runs["seed"] == 0].iloc[0]
     at = out.index("cluster: local_gpu") + 1
     out[at:at] = ["axes:", f"  model: [{first.model}]", f"  budget: [{first.budget}]", f"  precision: [{first.precision}]"]
     out.append("include:")
     for r in runs.itertuples():
+        if (r.model, r.budget, r.precision, r.seed) == (first.model, first.budget, first.precision, 0):
+            continue
         budget = f"budget: {r.budget}" if r.budget.startswith("dn") else f"budget.{r.budget.replace('=', ': ')}"
         seed = f", run.seed: {r.seed}, run.data_seed: {1337 + r.seed}" if r.seed else ""
         out.append(f"  - {{model: {r.model}, {budget}, precision: {r.precision}{seed}}}")

@@ -205,3 +205,18 @@ def test_bad_input_is_one_line(args, message, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1, err
+
+
+def test_the_sweep_file_lists_every_run_once():
+    """The first run is the sweep's one-point grid; it is not listed again among the includes (a planner would drop
+    the twin with a duplicate-point note)."""
+    import pandas as pd
+
+    from analysis.design import sweep_yaml
+
+    runs = pd.DataFrame({"model": ["llama_7m"] * 3, "budget": ["dn40"] * 3, "precision": ["bf16"] * 3,
+                         "seed": [0, 1, 2]})
+    text = sweep_yaml(runs, "s", "d", [])
+    assert text.count("{model: llama_7m, budget: dn40, precision: bf16}") == 0
+    assert text.count("precision: bf16, run.seed: 1, run.data_seed: 1338}") == 1
+    assert "  precision: [bf16]" in text
