@@ -38,10 +38,11 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+for p in (REPO, REPO / "benchmarks"):
+    if str(p) not in sys.path:
+        sys.path.insert(0, str(p))
 
-from quartet.kernels import bench as B  # noqa: E402
+import bench as B  # noqa: E402
 from quartet.kernels import linear as L  # noqa: E402
 from quartet.kernels import triton_quant as tq  # noqa: E402
 from quartet.kernels.timing import time_interleaved  # noqa: E402

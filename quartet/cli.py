@@ -21,7 +21,6 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "predict": ("quartet.cli_predict:predict_main", "forecast the loss at (N, D) per precision from a fit, with 95% intervals"),
     "figures": ("analysis.cli:figures_main", "plot losses, fits, efficiencies and optimal-precision maps"),
     "ladder": ("analysis.ladder:cli_main", "seed noise and each precision's gap to bf16 per cell of a replicated sweep"),
-    "bench": ("quartet.kernels.bench:cli_main", "GPU benchmarks of quantizers, linear layers and training steps"),
     "demo": ("quartet.cli_demo:cli_main", "the main job: tiny sweep + fit + figures + report on this machine"),
 }
 

@@ -43,7 +43,7 @@ class Timing:
         return (self.p90_ms - self.p10_ms) / self.median_ms if self.median_ms > 0 else float("nan")
 
     def as_dict(self) -> dict:
-        """The JSON form (what every figure of ``quartet bench`` records)."""
+        """The JSON form (what every figure of ``benchmarks/bench.py`` records)."""
         return {**asdict(self), "spread": self.spread}
 
 

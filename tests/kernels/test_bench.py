@@ -1,4 +1,4 @@
-"""``quartet bench``'s CPU-testable parts: the timing rule (fake clock), the layers and models it compares,
+"""``benchmarks/bench.py``'s CPU-testable parts: the timing rule (fake clock), the layers and models it compares,
 the JSON it writes. No test here times real speed."""
 import json
 import statistics
@@ -6,9 +6,10 @@ import statistics
 import pytest
 import torch
 
-from quartet.kernels import bench as B
 from quartet.kernels.timing import input_sets, percentile, rotating, time_callable, time_interleaved
 from repo_scripts import load_script
+
+B = load_script("benchmarks/bench.py")
 
 
 def fake_clock(durations):
@@ -164,7 +165,7 @@ def test_cli_writes_provenance_ceilings_and_spread(tmp_path, capsys):
                        "--out", str(out)]) == 0
     r = json.loads(out.read_text())
     assert all(k in r["meta"] for k in B.META_KEYS)
-    assert r["meta"]["command"] == "quartet bench ceilings --device cpu --min-reps 3 --min-seconds 0.01 --out " + str(out)
+    assert r["meta"]["command"] == "python benchmarks/bench.py ceilings --device cpu --min-reps 3 --min-seconds 0.01 --out " + str(out)
     assert r["meta"]["torch"] == torch.__version__ and r["meta"]["device"] == "cpu"
     assert r["meta"]["timing"] == {**r["meta"]["timing"], "min_reps": 3, "min_seconds": 0.01}
     c = r["ceilings"]
