@@ -1,4 +1,4 @@
-"""Where a training step's GPU time goes, against the fewest bytes its quantizers must move (issue #16, round 10).
+"""Where a training step's GPU time goes, against the fewest bytes its quantizers must move.
 
 Reads ``benchmarks/profile_step.py`` JSON files (kernel sums per step, grouped) and draws one stacked bar per model and
 configuration, plus, for each quantized configuration, the time its quantizers and inverse rotations would take at the
