@@ -1,13 +1,13 @@
-"""Issue #16, round 6: layouts of the fused Quartet layer timed against each other and against BF16, interleaved.
+"""Layouts of the fused Quartet layer timed against each other and against BF16, interleaved.
 
 Two layout choices of ``quartet.kernels.linear`` are measured here, each a flag read when a layer runs:
 
-* ``RIGHT_BLOCK`` — the right GEMM operands (W, Ŵᵀ, X̂ᵀ) scaled per 128×128 block (round 3's choice) or per 1×128
-  block like the left ones. The 1×128 quantizer tile runs at twice the 128×128 tile's occupancy (round 5's ncu);
-  cuBLAS multiplies two 1×128-scaled operands (``scaled_mm_probe.py``), at a speed nobody had measured.
+* ``RIGHT_BLOCK`` — the right GEMM operands (W, Ŵᵀ, X̂ᵀ) scaled per 128×128 block (the default) or per 1×128
+  block like the left ones. The 1×128 quantizer tile runs at twice the 128×128 tile's occupancy (Nsight Compute);
+  cuBLAS multiplies two 1×128-scaled operands too (``scaled_mm_probe.py``); ``r1_bits`` and ``right`` time the cost.
 * ``MASK_BITS`` — the forward's QuEST masks saved as one bool per element or packed into one int32 word per
   32-group: an eighth of the bytes written by the forward quantizers and read by the backward's inverse rotations.
-* ``triton_quant.MAXNREG`` (round 7) — register caps on the quantizer launches, per tile (1×128, 128×128) and read
+* ``triton_quant.MAXNREG`` — register caps on the quantizer launches, per tile (1×128, 128×128) and read
   (direct, transposed): more programs per SM for a few more instructions and some spills (``sass_report.py
   --maxnreg``). The ``caps`` section times each quantizer call of the layer under each cap of ``--caps``; the
   ``cap*`` variants the whole layer with one cap per tile, ``tuned`` with the measured per-kind default.
@@ -38,44 +38,46 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+for p in (REPO, REPO / "benchmarks"):
+    if str(p) not in sys.path:
+        sys.path.insert(0, str(p))
 
-from quartet.kernels import bench as B  # noqa: E402
+import bench as B  # noqa: E402
 from quartet.kernels import linear as L  # noqa: E402
 from quartet.kernels import triton_quant as tq  # noqa: E402
 from quartet.kernels.timing import time_interleaved  # noqa: E402
 
-#: round 7's register caps (``triton_quant.MAXNREG_MEASURED`` as round 7 left it), chosen for the one-piece 128×128 tile
-ROUND7_CAPS = {"1x128": 96, "1x128 T": None, "128x128": None, "128x128 T": 64}
+#: the register caps measured for one-piece 128×128 tiles (``triton_quant.MAXNREG_MEASURED`` before the 128×128 blocks
+#: were sliced and before stochastic rounding got caps of its own): the ``tuned`` variants and the ``split`` section
+ONE_PIECE_CAPS = {"1x128": 96, "1x128 T": None, "128x128": None, "128x128 T": 64}
 #: variant name -> (RIGHT_BLOCK, MASK_BITS, stochastic backward, register-cap table ``triton_quant.MAXNREG``,
-#: slices table ``triton_quant.BLOCK128_SPLIT``); every variant runs today's kernels (e.g. round 7's per-row input scales), so
-#: "round 5's / 6's layer" means its layout
+#: slices table ``triton_quant.BLOCK128_SPLIT``); every variant runs today's kernels (e.g. per-row input scales), so a
+#: variant is a layout, not an older version of the code
 VARIANTS = {
-    "r128_bool": (128, False, False, tq.caps_table(None, None), tq.split_table(1)),   # round 5's layer
-    "r128_bits": (128, True, False, tq.caps_table(None, None), tq.split_table(1)),    # round 6's layer (nothing capped)
+    "r128_bool": (128, False, False, tq.caps_table(None, None), tq.split_table(1)),   # bool masks, nothing capped
+    "r128_bits": (128, True, False, tq.caps_table(None, None), tq.split_table(1)),    # packed masks, nothing capped
     "r1_bits": (1, True, False, tq.caps_table(None, None), tq.split_table(1)),
     "r128_bool_sr": (128, False, True, tq.caps_table(None, None), tq.split_table(1)),
     "r128_bits_sr": (128, True, True, tq.caps_table(None, None), tq.split_table(1)),
-    # round 7: register caps (1x128 tiles, 128x128 tiles); 96 spills nothing, 64 lets two 128x128 programs share an SM
+    # register caps (1x128 tiles, 128x128 tiles); 96 spills nothing, 64 lets two 128x128 programs share an SM
     "cap96": (128, True, False, tq.caps_table(96, None), tq.split_table(1)),
     "cap96_64": (128, True, False, tq.caps_table(96, 64), tq.split_table(1)),
     "cap80_64": (128, True, False, tq.caps_table(80, 64), tq.split_table(1)),
     "cap96_64_sr": (128, True, True, tq.caps_table(96, 64), tq.split_table(1)),
-    # round 7's layer: each launch kind's cap chosen from its caps section, the 128x128 blocks in one piece
-    "tuned": (128, True, False, dict(ROUND7_CAPS), tq.split_table(1)),
-    "tuned_sr": (128, True, True, dict(ROUND7_CAPS), tq.split_table(1)),
-    # round 8: every 128x128 block in 4 row slices of 32 (a 4-warp program, uncapped), the 1x128 caps kept
-    "split4": (128, True, False, dict(ROUND7_CAPS), tq.split_table(4)),
-    "split4_sr": (128, True, True, dict(ROUND7_CAPS), tq.split_table(4)),
+    # each launch kind's cap chosen from its caps section, the 128x128 blocks in one piece
+    "tuned": (128, True, False, dict(ONE_PIECE_CAPS), tq.split_table(1)),
+    "tuned_sr": (128, True, True, dict(ONE_PIECE_CAPS), tq.split_table(1)),
+    # every 128x128 block in 4 row slices of 32 (a 4-warp program, uncapped), the 1x128 caps kept
+    "split4": (128, True, False, dict(ONE_PIECE_CAPS), tq.split_table(4)),
+    "split4_sr": (128, True, True, dict(ONE_PIECE_CAPS), tq.split_table(4)),
     # today's defaults (triton_quant.MAXNREG_MEASURED, BLOCK128_SPLIT_MEASURED: slices per launch kind)
     "default": (128, True, False, dict(tq.MAXNREG_MEASURED), dict(tq.BLOCK128_SPLIT_MEASURED)),
     "default_sr": (128, True, True, dict(tq.MAXNREG_MEASURED), dict(tq.BLOCK128_SPLIT_MEASURED)),
 }
 #: register caps of the ``caps`` section (0: uncapped, ptxas's choice)
 CAPS = (0, 96, 80, 64)
-#: tiles (rows, cols, warps) tried for the transposed 1×128 reads (Eᵀ from bf16): round 5's sweep changed every
-#: tile at once and its figures moved with the clock; here only the transposed calls change, timed interleaved
+#: tiles (rows, cols, warps) tried for the transposed 1×128 reads (Eᵀ from bf16): only the transposed calls change,
+#: timed interleaved (a sweep that changes every launch's tile at once, one run per tile, times the clock as well)
 TILES_T = [(32, 128, 4), (16, 128, 4), (64, 128, 4), (64, 128, 8), (128, 128, 8), (32, 128, 8)]
 
 
@@ -144,8 +146,8 @@ def bench_shape(T: int, K: int, N: int, dev: str, engine: str, variants, timing:
 
 def _time_calls(label: str, shape: list, fns: dict, dev: str, timing: dict) -> dict:
     """``fns`` timed interleaved, each captured in a CUDA graph on a GPU (a single quantizer call, 100-200 µs of GPU
-    work, launched from Python is at the edge of host-bound: round 6's second call timed every eager call at
-    205-230 µs, whatever the kernel); the section's JSON, with a log line."""
+    work, launched from Python is at the edge of host-bound: on an H100 every eager call took 205-230 µs, whatever
+    the kernel); the section's JSON, with a log line."""
     graph = dev == "cuda"
     t = time_interleaved({k: B._graph(f) for k, f in fns.items()} if graph else fns,
                          run_chunk=None if graph else B._host_chunk, **timing)
@@ -316,8 +318,8 @@ def bench_block128_warps(T: int, K: int, N: int, dev: str, timing: dict) -> dict
                         BLOCK128_LAUNCHES, launch, "w{}c{}", BLOCK128_LAUNCHES[0], dev, timing)
 
 
-#: (row slices, register cap) of the ``split`` section's 128×128-block launches: (1, None) is round 7's one-piece
-#: 16-warp tile under round 7's caps (``ROUND7_CAPS``); 0 runs a launch uncapped; ("default", None) today's tables
+#: (row slices, register cap) of the ``split`` section's 128×128-block launches: (1, None) is the one-piece
+#: 16-warp tile under its caps (``ONE_PIECE_CAPS``); 0 runs a launch uncapped; ("default", None) today's tables
 SPLIT_LAUNCHES = ((1, None), (2, 0), (4, 0), (8, 0), (4, 96), (8, 96))
 
 
@@ -328,7 +330,7 @@ def bench_block128_split(T: int, K: int, N: int, dev: str, timing: dict) -> dict
     def launch(fn, split, cap):
         if split == "default":
             return fn
-        return _with_quant_flags(lambda: fn(maxnreg=cap), BLOCK128_SPLIT=tq.split_table(split), MAXNREG=dict(ROUND7_CAPS))
+        return _with_quant_flags(lambda: fn(maxnreg=cap), BLOCK128_SPLIT=tq.split_table(split), MAXNREG=dict(ONE_PIECE_CAPS))
 
     return _launch_grid("128x128 slices", [T, K, N], _block128_calls(T, K, N, dev),
                         ("w_fwd", "wt_bwd", "wt_bwd_sr", "xt_bwd", "xt_bwd_sr"), (*SPLIT_LAUNCHES, ("default", None)),
@@ -459,8 +461,8 @@ def main(argv=None) -> int:
     if dev == "cuda" and "tiles" in sections:
         result["tiles"] = bench_tiles(16384, 4096, dev, timing)
         save()
-        # the right operands' calls under both blocks at the square shape (round 6's first call timed all three
-        # shapes: the 1x128 x 1x128 GEMMs 1.48-1.52x slower at each)
+        # the right operands' calls under both blocks at the square shape (timed at all three shapes, the
+        # 1x128 x 1x128 GEMMs were 1.48-1.52x slower at each)
         for T, K, N in [square] if "right" in sections else []:
             result["right_operands"].append(bench_right_operands(T, K, N, dev, timing))
             bench.empty()

@@ -27,7 +27,7 @@ import matplotlib  # noqa: E402
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from layer_variants import ROUND7_CAPS, call_bytes  # noqa: E402
+from layer_variants import ONE_PIECE_CAPS, call_bytes  # noqa: E402
 
 #: the quantizer calls of one step (``layer_variants._layer_calls``), their labels and launch kinds
 CALLS = {"x_fwd": ("X fwd", "1x128"), "w_fwd": ("W fwd", "128x128"), "e_rtn": ("E RTN", "1x128"),
@@ -36,7 +36,8 @@ CALLS = {"x_fwd": ("X fwd", "1x128"), "w_fwd": ("W fwd", "128x128"), "e_rtn": ("
 
 
 def rows(caps_json: dict, inscale_json: dict, shape: list, copy_gbps: float) -> list[dict]:
-    """Per call: µs uncapped (round 6), µs under round 7's defaults, µs at the byte floor."""
+    """Per call: µs uncapped with scales per element, µs under the per-kind caps with scales per row (``tuned``), µs
+    at the byte floor."""
     (caps,) = [r for r in caps_json["caps"] if r["shape"] == shape]
     f = caps["figures"]
     per_row = {}
@@ -46,10 +47,10 @@ def rows(caps_json: dict, inscale_json: dict, shape: list, copy_gbps: float) -> 
     floor = call_bytes(*shape)
     out = []
     for name, (label, kind) in CALLS.items():
-        cap = ROUND7_CAPS[kind]
+        cap = ONE_PIECE_CAPS[kind]
         now = f[f"{name}@{cap or 'free'}"]["median_ms"] * per_row.get(name, 1.0)
-        out.append({"call": name, "label": label, "round6_us": f[f"{name}@free"]["median_ms"] * 1e3,
-                    "round7_us": now * 1e3, "floor_us": floor[name] / copy_gbps / 1e3})
+        out.append({"call": name, "label": label, "uncapped_us": f[f"{name}@free"]["median_ms"] * 1e3,
+                    "tuned_us": now * 1e3, "floor_us": floor[name] / copy_gbps / 1e3})
     return out
 
 
@@ -57,14 +58,14 @@ def plot(data: list[dict], shape: list, copy_gbps: float, out: Path, note: str) 
     fig, ax = plt.subplots(figsize=(8.5, 4.2))
     xs = range(len(data))
     w = 0.27
-    ax.bar([x - w for x in xs], [d["round6_us"] for d in data], w, label="round 6 default (uncapped, scales per element)",
+    ax.bar([x - w for x in xs], [d["uncapped_us"] for d in data], w, label="uncapped, scales per element",
            color="#bdbdbd")
-    ax.bar(list(xs), [d["round7_us"] for d in data], w, label="round 7 default (caps per kind, scales per row)",
+    ax.bar(list(xs), [d["tuned_us"] for d in data], w, label="caps per kind, scales per row",
            color="#d62728")
     ax.bar([x + w for x in xs], [d["floor_us"] for d in data], w, label=f"byte floor at {copy_gbps:.0f} GB/s copy",
            color="#1f77b4")
     for x, d in zip(xs, data):
-        ax.text(x, d["round7_us"] + 3, f"{d['floor_us'] / d['round7_us']:.0%}", ha="center", fontsize=8)
+        ax.text(x, d["tuned_us"] + 3, f"{d['floor_us'] / d['tuned_us']:.0%}", ha="center", fontsize=8)
     ax.set_xticks(list(xs), [d["label"] for d in data])
     ax.set_ylabel("µs per call (graphed, median)")
     ax.set_title(f"Quartet layer's quantizer calls, {'×'.join(map(str, shape))} (share of copy above red)", fontsize=10)
@@ -97,8 +98,8 @@ def main(argv=None) -> int:
     args.out.with_suffix(".json").write_text(json.dumps({"shape": shape, "copy_GBps": args.copy_gbps, "calls": data},
                                                         indent=1))
     for d in data:
-        print(f"{d['label']:8s} round 6 {d['round6_us']:6.1f} us  round 7 {d['round7_us']:6.1f} us  "
-              f"floor {d['floor_us']:5.1f} us  ({d['floor_us'] / d['round7_us']:.0%} of copy)")
+        print(f"{d['label']:8s} uncapped {d['uncapped_us']:6.1f} us  tuned {d['tuned_us']:6.1f} us  "
+              f"floor {d['floor_us']:5.1f} us  ({d['floor_us'] / d['tuned_us']:.0%} of copy)")
     return 0
 
 

@@ -1,4 +1,4 @@
-"""Where a training step's GPU time goes, against the fewest bytes its quantizers must move (issue #16, round 10).
+"""Where a training step's GPU time goes, against the fewest bytes its quantizers must move.
 
 Reads ``benchmarks/profile_step.py`` JSON files (kernel sums per step, grouped) and draws one stacked bar per model and
 configuration, plus, for each quantized configuration, the time its quantizers and inverse rotations would take at the
@@ -26,8 +26,8 @@ import matplotlib  # noqa: E402
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from bench import model_spec  # noqa: E402
 from layer_variants import call_bytes  # noqa: E402
-from quartet.kernels.bench import model_spec  # noqa: E402
 from quartet.model import ffn_hidden  # noqa: E402
 
 #: benchmarks/profile_step.py's group of the quantizer and inverse-rotation kernels
@@ -105,7 +105,7 @@ def plot(data: list[dict], copy_gbps: float, out: Path, title: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("profiles", nargs="+", type=Path, help="benchmarks/profile_step.py JSON files")
-    ap.add_argument("--copy-gbps", type=float, required=True, help="the card's large-copy bandwidth (quartet bench)")
+    ap.add_argument("--copy-gbps", type=float, required=True, help="the card's large-copy bandwidth (benchmarks/bench.py)")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--title", default="Where the step's GPU time goes (compiled, kernel sums per step)")
     a = ap.parse_args(argv)

@@ -6,7 +6,7 @@
 
 ``-s 5`` skips the launch that makes the saved X̂ and the four warm-up launches that compile. ``--set layer``
 (default): forward QuEST + mask -> FP8 1x128 blocks, backward RTN and SR -> FP8 1x128, and the transposed read of the
-saved FP8 X̂ -> FP8 128x128 blocks. ``--set right`` (round 7): why the transposed FP8 read of X̂ is slow — X̂ᵀ -> 128x128
+saved FP8 X̂ -> FP8 128x128 blocks. ``--set right``: why the transposed FP8 read of X̂ is slow — X̂ᵀ -> 128x128
 blocks under the default register cap and uncapped, X̂ᵀ -> 1x128 blocks (the 1x128 tile on the same work) and, as the
 yardstick, the transposed bf16 read of E (Eᵀ -> 1x128, RTN).
 """

@@ -1,8 +1,8 @@
 """What the quantizer kernels compile to on Hopper, without a GPU: registers, spills, shared memory, SASS instructions.
 
 Triton compiles ahead of time for a target it is told about (``GPUTarget("cuda", 90, 32)``) with the ``ptxas`` it
-ships; ``cuobjdump`` (shipped too) prints the resource usage and the SASS. So the questions round 5's Nsight Compute
-profile raised — how many instructions per element, how many registers (which set the occupancy: 65536 registers per
+ships; ``cuobjdump`` (shipped too) prints the resource usage and the SASS. So the questions a Nsight Compute
+profile raises — how many instructions per element, how many registers (which set the occupancy: 65536 registers per
 SM), whether a change adds spills — are answered here in seconds on the CPU box, before a device call is spent.
 
 Each recipe is the fused layer's call (``quartet.kernels.triton_quant._mx_quant_kernel``) with the specialisation
@@ -77,11 +77,11 @@ RECIPES.update({name.replace("RTN", "SR").replace("transposed)", f"transposed, {
     {**ptr, "scale_ptr": "i8"}, ints, {**c, "STOCHASTIC": True, "BLOCK_R": 128 // _SR_T_SLICES, "SPLIT": _SR_T_SLICES},
     tq.BLOCK128_SPLIT_WARPS)
     for name, (ptr, ints, c, w) in list(RECIPES.items()) if name.startswith(("Xt", "Wt")) and "128x128" in name})
-# before round 7 the transposed FP8 inputs' scales were loaded per element (triton_quant.IN_SCALE_PER_ROW = False)
+# the transposed FP8 inputs' scales loaded per element instead of per row (triton_quant.IN_SCALE_PER_ROW = False)
 RECIPES.update({name[:-1] + ", scale per element)": (ptr, ints, {**c, "IN_SCALE_VEC": False}, w)
                 for name, (ptr, ints, c, w) in list(RECIPES.items()) if c.get("IN_SCALE_VEC")})
 #: the quantizer benchmark's two target recipes as the ``triton`` backend launches them: dequantized bf16 out, the QuEST
-#: mask as bytes, on the direct reads' tile (round 10; its register cap ``MAXNREG_DIRECT`` is ``--maxnreg 80``)
+#: mask as bytes, on the direct reads' tile (its register cap ``MAXNREG_DIRECT`` is ``--maxnreg 80``)
 _DIRECT = dict(MODE=0, WRITE_DEQ=True, MASK_BITS=False, BLOCK_R=tq.GPU_BLOCK_DIRECT[0], BLOCK_K=tq.GPU_BLOCK_DIRECT[1])
 RECIPES.update({
     "X fwd QuEST+mask -> bf16 (direct tile)": ({"mask_ptr": "i8"}, {}, _DIRECT, tq.GPU_BLOCK_DIRECT[2]),

@@ -22,7 +22,6 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "figures": ("analysis.cli:figures_main", "plot losses, fits, efficiencies and optimal-precision maps"),
     "design": ("quartet.cli_design:design_main", "choose the runs that pin efficiencies: simulate the fit before running it"),
     "ladder": ("analysis.ladder:cli_main", "seed noise and each precision's gap to bf16 per cell of a replicated sweep"),
-    "bench": ("quartet.kernels.bench:cli_main", "GPU benchmarks of quantizers, linear layers and training steps"),
     "demo": ("quartet.cli_demo:cli_main", "the main job: tiny sweep + fit + figures + report on this machine"),
 }
 

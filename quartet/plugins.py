@@ -2,8 +2,8 @@
 
 :mod:`quartet.quant` keeps the registry of backends and never names the kernel package, which sits above it
 (its fused layers are quant layers). Importing :mod:`quartet.kernels` registers its backends and fused layers
-there. The code that picks a device — the trainer's setup (:class:`quartet.train.Trainer`), ``quartet bench``
-(inside the kernel package) and the benchmark scripts — calls :func:`load_kernels` before it asks
+there. The code that picks a device — the trainer's setup (:class:`quartet.train.Trainer`) and the benchmark
+scripts — calls :func:`load_kernels` before it asks
 :func:`quartet.quant.apply_precision` for a backend, so ``precision.backend=auto`` sees every backend this machine
 has, and a backend asked for by name that could not load says why.
 """

@@ -4,7 +4,7 @@ The commands are read from the pages' ```bash / ```sh blocks (continuation lines
 split). Each is checked the cheapest way that still runs it for real on a CPU:
 
 * ``quartet train ...`` runs with ``--print-config`` (composes and resolves the run, writes nothing);
-* ``quartet data ...`` composes its overrides; ``quartet fit|figures|ladder|status|bench|quant-stats`` and the
+* ``quartet data ...`` composes its overrides; ``quartet fit|figures|ladder|status|quant-stats`` and the
   ``benchmarks/`` scripts parse their arguments (their files and options exist) without doing the work;
 * ``quartet sweep ...`` plans with ``--dry-run`` (slow: a paper-size plan takes tens of seconds);
 * ``bash script.sh`` parses (``bash -n``); ``make X`` names a Makefile target; ``tar xzf F`` names a committed file.
@@ -87,8 +87,6 @@ def _skip_reason(words: list[str], cmd: str) -> str | None:
         sub, rest = words[1], words[2:]
         if sub == "demo":
             return "the demo is `make demo` (minutes of training)"
-        if sub == "bench" and "--device" not in rest:
-            return "quartet bench: needs a GPU"
         if sub == "data" and any(w in {"data=c4"} for w in rest):
             return "C4 needs the network and Hugging Face access"
         if sub == "status":

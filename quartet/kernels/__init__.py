@@ -3,7 +3,7 @@
 - :mod:`quartet.kernels.triton_quant` — fused Hadamard + MXFP4 quantizers (Triton).
 - :mod:`quartet.kernels.gemm` — Hopper FP8 (FP4 values folded into FP8), Blackwell MXFP4 and BF16 GEMMs.
 - :mod:`quartet.kernels.linear` — the fused Quartet linear layer that chains them.
-- :mod:`quartet.kernels.bench` — ``quartet bench``; :mod:`quartet.kernels.timing` — its timing rule.
+- :mod:`quartet.kernels.timing` — the benchmarks' timing rule (the benchmark CLI is ``benchmarks/bench.py``).
 
 Importing this package registers its backends (and, through them, the fused layers) into the registry of
 :mod:`quartet.quant.backend`; the code that picks a device imports it (:func:`quartet.plugins.load_kernels`).

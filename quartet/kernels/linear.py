@@ -41,17 +41,15 @@ ROW_EXP = "fused"
 #: needs each row's largest group exponent first (ROW_EXP)
 FP8_SCALING = "block"
 #: block rows of the two GEMM operands when block-scaled: left (X, E, Eᵀ) 1×128; right (W, Ŵᵀ, X̂ᵀ) 128×128 or
-#: 1×128. cuBLAS multiplies two 1×128-scaled operands too, and the 1×128 quantizer tile is cheaper (X̂ᵀ 137 vs 204 µs
-#: at 16384×4096, graphed), but its GEMMs are slower (the 16384×4096×4096 layer's three: 1724 vs 1391 µs graphed on an
-#: H100, round 6, 5bc7341:benchmarks/results/bench_round6/; the layer 0.966× vs 0.861× of BF16): 128×128 stays. ``QUARTET_RIGHT_BLOCK`` overrides it
+#: 1×128. cuBLAS multiplies two 1×128-scaled operands too, and the 1×128 quantizer tile is cheaper, but the GEMMs
+#: are slower by more than the quantizer saves, so 128×128 stays. ``QUARTET_RIGHT_BLOCK`` overrides it
 #: (benchmarks/layer_variants.py times both in one process by setting this attribute before each variant is built).
-#: Read when a layer runs, and kept with what it saves for the backward.
+#: Read when a layer runs, and kept with what it saves for the backward. Measured: docs/kernels.md, tuning table.
 LEFT_BLOCK = 1
 RIGHT_BLOCK = int(os.environ.get("QUARTET_RIGHT_BLOCK", "128"))
 #: save the forward's QuEST masks packed (one int32 word per 32-group) instead of one bool per element: an eighth of
-#: the bytes written by the forward quantizers, read by the backward's inverse rotations, and held between the two
-#: (round 6, H100 profile of the 16384×4096×4096 layer step: quantizers 719 → 709 µs, inverse rotations 163 → 130 µs).
-#: ``QUARTET_MASK_BITS=0`` saves bool masks instead.
+#: the bytes written by the forward quantizers, read by the backward's inverse rotations, and held between the two.
+#: ``QUARTET_MASK_BITS=0`` saves bool masks instead. Measured: docs/kernels.md, tuning table.
 MASK_BITS = os.environ.get("QUARTET_MASK_BITS", "1") == "1"
 
 

@@ -43,7 +43,7 @@ class Timing:
         return (self.p90_ms - self.p10_ms) / self.median_ms if self.median_ms > 0 else float("nan")
 
     def as_dict(self) -> dict:
-        """The JSON form (what every figure of ``quartet bench`` records)."""
+        """The JSON form (what every figure of ``benchmarks/bench.py`` records)."""
         return {**asdict(self), "spread": self.spread}
 
 
@@ -114,8 +114,8 @@ def time_interleaved(fns: dict[str, Callable[[], object]], *, min_reps: int = MI
     power cap moves that clock by ~40% within seconds (1350 vs 1980 MHz were seen a section apart). Timing variant A
     to completion and then B compares clock histories as much as code; slices in turn put every variant under the
     same slow drift. The settling run and the shuffled order are there because the clock also carries over from
-    one slice to the next: round 6's first run, with 50 ms slices in a fixed order, timed the variant that always
-    followed BF16's power-capped GEMMs bimodally (median 17% over its minimum; its neighbours ±4%)."""
+    one slice to the next: with short slices in a fixed order, the variant that always follows a power-hungry one
+    (BF16's GEMMs) is timed at a clock that one left behind (measured: docs/kernels.md, tuning table)."""
     if not fns:
         raise ValueError("time_interleaved needs at least one callable")
     if min_reps < 1 or min_seconds < 0:

@@ -417,8 +417,8 @@ if HAS_TRITON:
                 else:
                     q = _rtn_e2m1(a)
                 neg = yq < 0
-                # the signed grid value, written once for all its uses: repeated at each use, ptxas gave Eᵀ SR 135
-                # registers instead of 103 and it ran 8% slower under the same cap (round 10, docs/kernels.md)
+                # the signed grid value, written once for all its uses: repeated at each use, ptxas gave the
+                # transposed SR read more registers and it ran slower (measured: docs/kernels.md, tuning table)
                 sq = tl.where(neg, -q, q)
                 out_offs = rows[:, None].to(tl.int64) * K + kk
 
@@ -643,32 +643,31 @@ def _logical(x: torch.Tensor, axis: int):
     raise ValueError(f"axis must be 0, 1 or -1, got {axis}")
 
 
-#: GPU tile (rows, cols, warps); ``QUARTET_QBLOCK=r,k,w`` overrides it and :data:`GPU_BLOCK_DIRECT` (the sweeps)
-GPU_BLOCK = (32, 128, 4)  # best overall on H200 (the FP8-fold recipes slow down with 64x64 tiles)
+#: GPU tile (rows, cols, warps) of the quantizer launches: large enough to share the per-group scale work, small
+#: enough for several programs per SM; ``QUARTET_QBLOCK=r,k,w`` overrides it and :data:`GPU_BLOCK_DIRECT` (for
+#: sweeps). Measured: docs/kernels.md, tuning table.
+GPU_BLOCK = (32, 128, 4)
 #: Tile and register cap of the direct reads (``axis=-1``) that write no FP8 — dequantized values or MX codes, what the
-#: ``triton`` backend runs — when the group axis is a multiple of 256. Round 10 (H100, graphed, interleaved, 16384×4096,
-#: bitwise equal outputs; ``5bc7341:benchmarks/results/bench_round10/deq_sweep*``): the forward QuEST + mask → bf16 recipe
-#: 133.4 → 123.7 µs (83.8% → 90.3% of copy; the tile alone 128.0, the cap alone 130.4), backward SR → bf16 125.5 →
-#: 123.8 µs (within its ±3%). Transposed reads (unmeasured) and the FP8 launches keep :data:`GPU_BLOCK`: the layer's
-#: 1×128 FP8 launches ran 3–18% slower with 16-row tiles under any cap (``l1_sweep``).
+#: ``triton`` backend runs — when the group axis is a multiple of 256: the wider, shorter tile under a cap of 80 runs
+#: the dequantizing recipes nearer the copy bandwidth. Transposed reads and the FP8 launches keep :data:`GPU_BLOCK`
+#: (the 1×128 FP8 launches are slower with 16-row tiles). Measured: docs/kernels.md, tuning table.
 GPU_BLOCK_DIRECT = (16, 256, 4)
 MAXNREG_DIRECT = 80
-#: warps of the one-piece 128x128-row tiles of ``fp8_block=128`` (see :data:`BLOCK128_SPLIT`): 16 on an H100 (round 5,
-#: 5bc7341:benchmarks/bench_round5.sh's sweep: 196 us vs 212 us at 8 and 289 us at 4 warps for the forward QuEST recipe on
-#: 16384x4096, one device call, one process per setting). The tile's registers allow one 8-warp program per SM, so
-#: more warps is the only way to more occupancy. ``QUARTET_QBLOCK128_WARPS`` overrides it (the sweep).
+#: warps of the one-piece 128x128-row tiles of ``fp8_block=128`` (see :data:`BLOCK128_SPLIT`). The tile's registers
+#: allow one program per SM, so more warps is the only way to more occupancy. ``QUARTET_QBLOCK128_WARPS`` overrides it
+#: (for sweeps). Measured: docs/kernels.md, tuning table.
 BLOCK128_WARPS = int(os.environ.get("QUARTET_QBLOCK128_WARPS", "16"))
 #: Row slices of a ``fp8_block=128`` launch, by launch kind (``"128x128"``, `` T`` a transposed read, `` SR`` stochastic
-#: rounding): 1 runs the 128×128 block as one 16-warp tile (rounds 5–7); ``n`` > 1 as ``n`` tiles of 128/n rows, one
+#: rounding): 1 runs the 128×128 block as one 16-warp tile; ``n`` > 1 as ``n`` tiles of 128/n rows, one
 #: after the other in a 4-warp program, each storing its signed E2M1 values and group exponents, then an in-place fold
 #: by the block's exponent (the values are still in L2; ``_fold_block_in_place``). A sliced launch runs uncapped (its
-#: tile is the 1×128 kind's shape: 4–5 programs per SM). Chosen from round 8's interleaved timing of the layer's
-#: 128×128 calls at 16384×4096×4096 (H200, ``5bc7341:benchmarks/results/bench_round8/split_table``): W forward 75.9 → 59.9 µs
-#: in 4 slices; with SR, Ŵᵀ 67.4 → 59.5 and X̂ᵀ 245.4 → 215.6 µs in 8; the RTN transposed reads are faster in one
-#: piece (X̂ᵀ 146.2 vs ≥ 156.3, Ŵᵀ 42.8 vs ≥ 47.8; the direct SR kind, which no layer call makes, follows direct RTN).
-#: ``QUARTET_QBLOCK128_SPLIT=n`` gives every kind ``n`` slices (1: round 7's launches).
+#: tile is the 1×128 kind's shape: 4–5 programs per SM). Slices trade that occupancy for the second pass of the fold,
+#: so the best count depends on the kind (the direct SR kind, which no layer call makes, follows direct RTN).
+#: ``QUARTET_QBLOCK128_SPLIT=n`` gives every kind ``n`` slices (1: every block in one piece). Measured:
+#: docs/kernels.md, tuning table.
 BLOCK128_SPLIT_MEASURED: dict[str, int] = {"128x128": 4, "128x128 SR": 4, "128x128 T": 1, "128x128 T SR": 8}
-#: warps of a sliced 128×128 program (a module attribute ``benchmarks/layer_variants.py --sections slicewarps`` swaps)
+#: warps of a sliced 128×128 program (a module attribute ``benchmarks/layer_variants.py --sections slicewarps`` swaps).
+#: Measured: docs/kernels.md, tuning table.
 BLOCK128_SPLIT_WARPS = 4
 
 
@@ -694,16 +693,13 @@ BLOCK128_SPLIT = _split_from_env()
 #: (``axis=0``); None lets ptxas choose. Registers set these kernels' occupancy (65536 per SM): uncapped, the 1×128
 #: recipes compile to 96–127 registers, 4–5 programs of 4 warps per SM, and the 128×128 ones to 93–127, one 16-warp
 #: program per SM; a cap trades occupancy for instructions and, below ~96, spills (``benchmarks/sass_report.py
-#: --maxnreg``). Chosen per kind from round 7's graphed, interleaved timing of every quantizer call of the layer under
-#: caps none/96/80/64 (H100, 16384×4096×4096, ``5bc7341:benchmarks/results/bench_round7/caps``): 96 made the direct 1×128
-#: reads 2.5–2.9% faster (X fwd 138.3 → 134.8 µs, E RTN 103.2 → 100.4, E SR 146.8 → 142.5) and the transposed one 4%
-#: slower; 64 made the transposed 128×128 read of X̂ᵀ 15% faster (204.6 → 173.4 µs; Ŵᵀ within ±1%) and W's direct
-#: read 25% slower. ``QUARTET_MAXNREG`` overrides the table for a process: ``none`` (nothing capped) or ``a[,b]``
+#: --maxnreg``), so each kind has the cap that ran it fastest (a cap that helps one kind slows another).
+#: ``QUARTET_MAXNREG`` overrides the table for a process: ``none`` (nothing capped) or ``a[,b]``
 #: (``a`` for both 1×128 kinds, ``b`` for both 128×128 kinds, default ``a``; either may be ``none``);
 #: ``mx_quantize(maxnreg=...)`` overrides it per call. A key ``"<kind> SR"`` gives stochastic rounding's launches of that
-#: kind their own cap (else they take the kind's): round 9's SR rounding made the transposed 1×128 SR read compile to
-#: 135 registers (3 programs per SM instead of 4) and run 8% slower (Eᵀ SR 156.5 → 169.7 µs, H200,
-#: ``5bc7341:benchmarks/results/bench_round9/sr_ab``); capped at 128 it keeps 4 programs per SM without spills.
+#: kind their own cap (else they take the kind's): uncapped, the transposed 1×128 SR read compiles to 135 registers
+#: (3 programs per SM instead of 4); capped at 128 it keeps 4 programs per SM without spills. Measured:
+#: docs/kernels.md, tuning table.
 MAXNREG_MEASURED: dict[str, int | None] = {"1x128": 96, "1x128 T": None, "1x128 T SR": 128, "128x128": None,
                                            "128x128 T": 64}
 
@@ -730,17 +726,17 @@ def _caps_from_env() -> dict[str, int | None]:
 
 #: the register caps in force (a module global the benchmarks swap; see :data:`MAXNREG_MEASURED`)
 MAXNREG = _caps_from_env()
-#: load a transposed block-scaled FP8 input's scales once per stored row of the tile instead of once per element
-#: (round 7, H100, interleaved: the backward's Ŵᵀ 58.3 → 42.9 µs, X̂ᵀ 174.3 → 143.9 µs at 16384×4096×4096; a quarter
-#: of the 128×128 tile's shared memory). A module flag so that ``benchmarks/layer_variants.py --sections inscale`` can
-#: time both; the outputs are the same either way
+#: load a transposed block-scaled FP8 input's scales once per stored row of the tile instead of once per element:
+#: fewer loads and a quarter of the 128×128 tile's shared memory, so the backward's Ŵᵀ and X̂ᵀ reads run faster. A
+#: module flag so that ``benchmarks/layer_variants.py --sections inscale`` can time both; the outputs are the same
+#: either way. Measured: docs/kernels.md, tuning table.
 IN_SCALE_PER_ROW = True
 
 
 def _blocks(R: int, K: int, device: torch.device, direct: bool = False) -> tuple[int, int, int, int | None]:
     """Tile shape, warps and register cap: big tiles on the GPU, small ones for the CPU interpreter. (Transposed reads use
-    the same tile: round 6's graphed sweep of six tiles for Eᵀ found none faster, benchmarks/layer_variants.py
-    ``tiles``.) ``direct``: a direct read writing no FP8, which takes :data:`GPU_BLOCK_DIRECT` and its cap
+    the same tile: no other tile of ``benchmarks/layer_variants.py --sections tiles`` ran Eᵀ faster; docs/kernels.md,
+    tuning table.) ``direct``: a direct read writing no FP8, which takes :data:`GPU_BLOCK_DIRECT` and its cap
     :data:`MAXNREG_DIRECT` when ``K`` is a multiple of 256 (a tile named by ``QUARTET_QBLOCK`` runs uncapped)."""
     if device.type != "cuda":
         return 16, 64, 4, None

@@ -1,4 +1,4 @@
-"""``quartet bench``'s CPU-testable parts: the timing rule (fake clock), the layers and models it compares,
+"""``benchmarks/bench.py``'s CPU-testable parts: the timing rule (fake clock), the layers and models it compares,
 the JSON it writes. No test here times real speed."""
 import json
 import statistics
@@ -6,9 +6,10 @@ import statistics
 import pytest
 import torch
 
-from quartet.kernels import bench as B
 from quartet.kernels.timing import input_sets, percentile, rotating, time_callable, time_interleaved
 from repo_scripts import load_script
+
+B = load_script("benchmarks/bench.py")
 
 
 def fake_clock(durations):
@@ -164,7 +165,7 @@ def test_cli_writes_provenance_ceilings_and_spread(tmp_path, capsys):
                        "--out", str(out)]) == 0
     r = json.loads(out.read_text())
     assert all(k in r["meta"] for k in B.META_KEYS)
-    assert r["meta"]["command"] == "quartet bench ceilings --device cpu --min-reps 3 --min-seconds 0.01 --out " + str(out)
+    assert r["meta"]["command"] == "python benchmarks/bench.py ceilings --device cpu --min-reps 3 --min-seconds 0.01 --out " + str(out)
     assert r["meta"]["torch"] == torch.__version__ and r["meta"]["device"] == "cpu"
     assert r["meta"]["timing"] == {**r["meta"]["timing"], "min_reps": 3, "min_seconds": 0.01}
     c = r["ceilings"]
@@ -290,7 +291,7 @@ def test_layer_variants_smoke_run_restores_the_layer_flags(tmp_path):
     assert len(r["slice_warps"]["bitwise"]) == 4 * len(lv.SLICE_WARPS) and all(r["slice_warps"]["bitwise"].values())
     assert set(r["in_scale"]["figures"]) == {f"{c}@{how}" for c in ("wt_bwd", "xt_bwd", "xt_bwd_r1")
                                              for how in ("element", "row")}
-    # the floor chart reads this JSON: each call's round-7 figure is its default cap's, times the per-row ratio for the
+    # the floor chart reads this JSON: each call's tuned figure is its per-kind cap's, times the per-row ratio for the
     # FP8 inputs; the floor is its bytes over the copy bandwidth
     pq = _benchmark("plot_quantizer_floor")
     png = tmp_path / "floor.png"
@@ -300,9 +301,9 @@ def test_layer_variants_smoke_run_restores_the_layer_flags(tmp_path):
     calls = {d["call"]: d for d in json.loads(png.with_suffix(".json").read_text())["calls"]}
     f, g = caps_row["figures"], r["in_scale"]["figures"]
     ratio = g["xt_bwd@row"]["median_ms"] / g["xt_bwd@element"]["median_ms"]
-    assert calls["xt_bwd"]["round7_us"] == pytest.approx(f["xt_bwd@64"]["median_ms"] * ratio * 1e3)
-    assert calls["x_fwd"]["round7_us"] == pytest.approx(f["x_fwd@96"]["median_ms"] * 1e3)
-    assert calls["w_fwd"]["round6_us"] == calls["w_fwd"]["round7_us"] == pytest.approx(f["w_fwd@free"]["median_ms"] * 1e3)
+    assert calls["xt_bwd"]["tuned_us"] == pytest.approx(f["xt_bwd@64"]["median_ms"] * ratio * 1e3)
+    assert calls["x_fwd"]["tuned_us"] == pytest.approx(f["x_fwd@96"]["median_ms"] * 1e3)
+    assert calls["w_fwd"]["uncapped_us"] == calls["w_fwd"]["tuned_us"] == pytest.approx(f["w_fwd@free"]["median_ms"] * 1e3)
     assert calls["x_fwd"]["floor_us"] == pytest.approx(lv.call_bytes(128, 128, 128)["x_fwd"] / 1000 / 1e3)
     with pytest.raises(SystemExit):  # no figures at that shape: a one-line error
         pq.main(["--caps", str(out), "--shape", "1,2,3", "--copy-gbps", "1000", "--out", str(png)])
@@ -334,10 +335,9 @@ def test_layer_variants_smoke_run_restores_the_layer_flags(tmp_path):
     assert caps == [free, free, {"1x128": 80, "1x128 T": 80, "128x128": 64, "128x128 T": 64}] and flags() == before
 
 
-def test_layer_call_bytes_match_round_6_floor_table():
-    """``layer_variants.call_bytes``: the byte floors docs/kernels.md's round-6 table lists for 16384×4096×4096 (MiB,
-    inputs read once, outputs written once, packed masks); X̂ᵀ with its float32 scales (130 MiB; the table's 128 left
-    them out)."""
+def test_layer_call_bytes_are_each_call_s_byte_floor():
+    """``layer_variants.call_bytes``: each quantizer call's byte floor at 16384×4096×4096 (MiB, inputs read once,
+    outputs written once, packed masks); X̂ᵀ with its float32 scales (130 MiB)."""
     lv = _benchmark("layer_variants")
     mib = {k: round(v / 2**20) for k, v in lv.call_bytes(16384, 4096, 4096).items()}
     assert mib == {"x_fwd": 202, "w_fwd": 82, "e_rtn": 194, "e_sr": 194, "et_rtn": 194, "wt_bwd": 32, "xt_bwd": 130}

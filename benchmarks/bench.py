@@ -1,7 +1,7 @@
-"""``quartet bench`` — GPU benchmarks of the fused quantizers, the Quartet linear layer and training steps.
+"""GPU benchmarks of the fused quantizers, the Quartet linear layer and training steps.
 
-Runs with only torch + triton (no hydra): models are built from explicit sizes (the ladder sizes are read from
-``conf/model/*.yaml``, flat keys, without hydra). What makes the figures fair (issue #16):
+Models are built from explicit sizes (the ladder sizes are read from ``conf/model/*.yaml`` with OmegaConf, no Hydra
+composition). What makes the figures fair:
 
 * every figure is the median of >= 20 timed repeats AND >= 2 s of timed work (:mod:`quartet.kernels.timing`),
   recorded with p10/p90, the repeat count and the seconds timed; inputs smaller than twice the L2 are rotated;
@@ -14,10 +14,10 @@ Runs with only torch + triton (no hydra): models are built from explicit sizes (
   CUDA graph, with its MFU; the quantized step eager and graphed;
 * ``nvidia-smi`` clocks, power and temperature before and after each section.
 
-    quartet bench quant            # quantizer bandwidth / the 1 GiB copy bandwidth (x = 16384 x 4096 bf16)
-    quartet bench linear           # linear fwd+bwd: bf16 vs quartet vs quartet_sr at the three training shapes
-    quartet bench step             # training step (fwd + bwd + AdamW), 100M / 800M and ladder sizes, MFU
-    quartet bench all --out F.json --budget-s 400
+    python benchmarks/bench.py quant     # quantizer bandwidth / the 1 GiB copy bandwidth (x = 16384 x 4096 bf16)
+    python benchmarks/bench.py linear    # linear fwd+bwd: bf16 vs quartet vs quartet_sr at the three training shapes
+    python benchmarks/bench.py step      # training step (fwd + bwd + AdamW), 100M / 800M and ladder sizes, MFU
+    python benchmarks/bench.py all --out F.json --budget-s 400
 """
 from __future__ import annotations
 
@@ -33,8 +33,13 @@ import time
 from pathlib import Path
 
 import torch
+from omegaconf import OmegaConf
 
-from quartet.kernels.timing import MIN_REPS, MIN_SECONDS, Timing, cuda_event_chunk, input_sets, rotating, time_callable
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from quartet.kernels.timing import MIN_REPS, MIN_SECONDS, cuda_event_chunk, input_sets, rotating, time_callable  # noqa: E402
 
 LINEAR_SHAPES = [(16384, 2048, 8192), (16384, 8192, 2048), (16384, 4096, 4096)]
 #: the paper's sizes at the benchmark's micro-batch (vocab 32000, seq 512)
@@ -50,7 +55,8 @@ PRECISIONS = {"bf16": None, "quartet": False, "quartet_sr": True}
 FIGURE_KEYS = ("median_ms", "p10_ms", "p90_ms", "n", "total_s", "spread")
 #: keys the JSON's "meta" carries
 META_KEYS = ("command", "argv", "git_commit", "torch", "triton", "cuda", "device", "capability", "time", "timing")
-REPO = Path(__file__).resolve().parents[2]
+#: how the JSON's ``meta.command`` and the error lines name this script
+PROG = "benchmarks/bench.py"
 
 
 def _log(msg: str) -> None:
@@ -176,7 +182,7 @@ def bench_ceilings(bench: Bench, copy_bytes: int = 2**30, gemm=(8192, 8192, 8192
 def quant_recipes(n: int, signs, all_recipes: bool = False) -> dict:
     """Quantizer recipes: name -> (``mx_quantize`` keywords, bytes that must move for ``n`` bf16 inputs).
 
-    The default set is what the issue's targets and the fused layer need (forward QuEST + mask, backward SR, and
+    The default set is what the speed targets and the fused layer need (forward QuEST + mask, backward SR, and
     the block-scaled FP8 calls of one layer step); ``all_recipes`` adds the row-scaled FP8 and MX-code outputs."""
     sb = 4 * n // 128  # float32 scales of 1x128 blocks
     L1, R128 = dict(fp8="e4m3", fp8_block=1, deq=False), dict(fp8="e4m3", fp8_block=128, deq=False)
@@ -214,9 +220,9 @@ def bench_quant(bench: Bench, rows: int = 16384, cols: int = 4096, all_recipes: 
     xs = [torch.randn(rows, cols, device=dev, dtype=torch.bfloat16) for _ in range(sets)]
     signs = (torch.randint(0, 2, (32,), device=dev) * 2 - 1).float()
     # on a GPU each call is a CUDA graph: one quantizer call launched from Python costs the host more than the
-    # ~100 µs the kernel takes, so eager figures timed the launch (round 6: every eager call 205-230 µs whatever the
-    # kernel, the same calls graphed 40-204 µs at ±1-2%). A graph replays the same SR seed; the kernel's speed does not
-    # depend on it. Off the GPU (the smoke run) the calls stay eager, each with a fresh seed.
+    # ~100 µs the kernel takes, so eager figures time the launch (on an H100 every eager call took 205-230 µs whatever
+    # the kernel; the same calls graphed 40-204 µs at ±1-2%). A graph replays the same SR seed; the kernel's speed does
+    # not depend on it. Off the GPU (the smoke run) the calls stay eager, each with a fresh seed.
     out = {"shape": [rows, cols], "input_sets": sets, "copy_GBps": bench.copy_GBps, "graphed": bench.cuda,
            "recipes": {}}
     for name, (kw, nbytes) in quant_recipes(n, signs, all_recipes).items():
@@ -370,8 +376,8 @@ def bench_linear(bench: Bench, shapes=LINEAR_SHAPES, graphs: bool = True, profil
 
 def _profile(fn, top: int = 14) -> list[dict]:
     """CUDA time per kernel name of a few calls of ``fn`` (torch.profiler), largest first, followed by the aten ops
-    that launched GPU work, with their input shapes (``op`` rows: how round 5 found a full-slice backward's zero
-    fill and copy, invisible in kernel names). Ops nest (``aten::zeros`` holds ``aten::zero_`` holds
+    that launched GPU work, with their input shapes (``op`` rows show work that kernel names hide, such as a zero
+    fill and a copy around a GEMM). Ops nest (``aten::zeros`` holds ``aten::zero_`` holds
     ``aten::fill_``), so op rows overlap one another; kernel rows do not."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -405,7 +411,7 @@ def _profile(fn, top: int = 14) -> list[dict]:
 def model_spec(name: str) -> dict:
     """Sizes of a step model: ``100m`` / ``800m`` (paper sizes, 32 x 512 tokens, vocab 32000) or a ladder size
     (``1m`` ...: layers, width, heads, batch from ``conf/model/llama_<name>.yaml``, vocab from
-    ``conf/data/pycode.yaml``; flat keys read without hydra)."""
+    ``conf/data/pycode.yaml``, each file read on its own with OmegaConf)."""
     if name in MODELS:
         return {**MODELS[name], "ffn_multiple_of": 256, "seq": 512, "batch": 32, "vocab": 32000}
     if name == "smoke":  # the CPU smoke run's model (Triton interpreter): no figure to quote
@@ -413,23 +419,11 @@ def model_spec(name: str) -> dict:
     path = REPO / "conf" / "model" / f"llama_{name}.yaml"
     if not path.is_file():
         raise ValueError(f"unknown step model {name!r}: not in {sorted(MODELS)} and no {path}")
-    cfg = _flat_yaml(path)
-    vocab = int(_flat_yaml(REPO / "conf" / "data" / "pycode.yaml")["vocab_size"])
-    return {"n_layer": int(cfg["n_layer"]), "d_model": int(cfg["d_model"]), "n_head": int(cfg["n_head"]),
-            "ffn_multiple_of": int(cfg.get("ffn_multiple_of", 256)), "seq": int(cfg["seq_len"]),
-            "batch": int(cfg["batch_size"]), "vocab": vocab}
-
-
-def _flat_yaml(path: Path) -> dict:
-    """``key: value`` lines of a flat YAML file (comments dropped), as strings."""
-    out = {}
-    for line in path.read_text().splitlines():
-        line = line.split("#", 1)[0]
-        if ":" in line and not line.startswith((" ", "\t", "-")):
-            k, v = line.split(":", 1)
-            if v.strip():
-                out[k.strip()] = v.strip()
-    return out
+    cfg = OmegaConf.load(path)
+    vocab = int(OmegaConf.load(REPO / "conf" / "data" / "pycode.yaml").vocab_size)
+    return {"n_layer": int(cfg.n_layer), "d_model": int(cfg.d_model), "n_head": int(cfg.n_head),
+            "ffn_multiple_of": int(cfg.get("ffn_multiple_of", 256)), "seq": int(cfg.seq_len),
+            "batch": int(cfg.batch_size), "vocab": vocab}
 
 
 def _build_model(spec: dict, precision: str, device, engine: str, graph_safe: bool = False):
@@ -611,13 +605,13 @@ def meta(argv: list[str], bench: Bench) -> dict:
     except ImportError:
         triton_version = None
     # QUARTET_GIT_COMMIT wins: a device copy of a working tree can carry a .git whose HEAD is an older commit with
-    # the newer files on top (round 5 found three runs recorded under the session's first commit, "dirty")
+    # the newer files on top, and git's HEAD would then name the wrong commit ("dirty")
     env_commit = os.environ.get("QUARTET_GIT_COMMIT")
     head = None if env_commit else _git("rev-parse", "HEAD")
     commit = env_commit or head or "unknown"
     dirty = _git("status", "--porcelain", "--untracked-files=no") if head else None
     return {
-        "command": "quartet bench " + shlex.join(argv), "argv": [sys.executable, *sys.argv],
+        "command": f"python {PROG} " + shlex.join(argv), "argv": [sys.executable, *sys.argv],
         "git_commit": commit, "git_dirty": None if dirty is None else bool(dirty),
         "git_commit_from": "QUARTET_GIT_COMMIT" if env_commit else ("git" if head else None),
         "torch": torch.__version__, "triton": triton_version, "cuda": torch.version.cuda,
@@ -709,9 +703,9 @@ def summary_table(result: dict) -> str:
 
 
 def cli_main(argv: list[str] | None = None) -> int:
-    """Entry point of ``quartet bench {ceilings,quant,linear,step,all} [--out FILE] ...``."""
+    """``python benchmarks/bench.py {ceilings,quant,linear,step,all} [--out FILE] ...``; returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    p = argparse.ArgumentParser(prog="quartet bench", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("section", choices=["ceilings", "quant", "linear", "step", "all"])
     p.add_argument("--out", type=Path, default=None, help="JSON file (default benchmarks/results/<gpu>-<section>.json)")
     p.add_argument("--models", default="800m,100m," + ",".join(LADDER),
@@ -730,17 +724,17 @@ def cli_main(argv: list[str] | None = None) -> int:
                    help="cpu: a smoke run of the script on tiny shapes (Triton interpreter), no figures to quote")
     args = p.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
-        print("quartet bench: needs a CUDA GPU (none found)", file=sys.stderr)
+        print(f"{PROG}: needs a CUDA GPU (none found)", file=sys.stderr)
         return 2
     if args.min_reps < 1 or args.min_seconds < 0:
-        print("quartet bench: --min-reps must be >= 1 and --min-seconds >= 0", file=sys.stderr)
+        print(f"{PROG}: --min-reps must be >= 1 and --min-seconds >= 0", file=sys.stderr)
         return 2
     models = tuple(m for m in args.models.split(",") if m)
     try:
         for m in models:
             model_spec(m)
     except ValueError as exc:
-        print(f"quartet bench: {exc}", file=sys.stderr)
+        print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
     bench = Bench(args.device, args.min_reps, args.min_seconds, args.budget_s)
     tiny = args.device == "cpu"
