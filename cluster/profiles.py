@@ -36,6 +36,7 @@ finished, the plan measures their device-hours against this estimate and scales 
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -287,15 +288,20 @@ def resources_for(profile: ClusterProfile, n_params: float) -> Resources:
     )
 
 
+@functools.cache
+def _recipe_of(precision: str) -> str:
+    """The recipe a half-recipe variant halves (the name itself otherwise); cached: planning asks once per run."""
+    from quartet.quant.config import half_variants
+
+    return half_variants().get(precision, (precision,))[0]
+
+
 def speedup_of(profile: ClusterProfile, precision: str) -> float:
     """``profile.speedup[precision]``; a half-recipe variant (``<recipe>_fwd`` / ``_bwd``) not listed takes its
     recipe's factor (it quantizes one half of the recipe's GEMMs: at most the recipe's cost); else 1.0."""
-    from quartet.quant.config import half_variants
-
     if precision in profile.speedup:
         return float(profile.speedup[precision])
-    recipe = half_variants().get(precision, (precision,))[0]
-    return float(profile.speedup.get(recipe, 1.0))
+    return float(profile.speedup.get(_recipe_of(precision), 1.0))
 
 
 def gpu_hours(profile: ClusterProfile, n_params: float, tokens: float, precision: str) -> float:
