@@ -36,10 +36,15 @@ if str(REPO) not in sys.path:
 
 
 def precision(name: str, **overrides):
-    """The recipe's shipped precision config (conf/precision/<name>.yaml), with ``overrides`` (e.g. ``backend``)."""
-    from quartet.quant.config import PrecisionConfig
+    """The recipe's shipped precision config (conf/precision/<name>.yaml; a forward-only / backward-only variant's is
+    its recipe's under the variant's name), with ``overrides`` (e.g. ``backend``)."""
+    from quartet.quant.config import UNQUANTIZED_LABEL, PrecisionConfig, half_variants
 
-    raw = yaml.safe_load((REPO / "conf" / "precision" / f"{name}.yaml").read_text())
+    recipe, half = half_variants().get(name, (name, None))
+    raw = yaml.safe_load((REPO / "conf" / "precision" / f"{recipe}.yaml").read_text())
+    raw["name"] = name
+    if half is not None:  # the unquantized half's label, as the config group gives it
+        raw["backward" if half == "forward" else "forward"] = UNQUANTIZED_LABEL
     raw.update(overrides)
     return PrecisionConfig(**raw)
 

@@ -79,7 +79,7 @@ def quant_calls(recipe: str, T: int, K: int, N: int):
     calls = []
 
     def add(label, src, op, axis, hb=0):
-        if op is None:
+        if not isinstance(op, RL.OperandPlan):  # an operand the layer does not quantize
             return
         signs = torch.ones(hb, device="cuda") if hb else None
         if op.tile:

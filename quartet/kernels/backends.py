@@ -12,7 +12,9 @@ They handle the MX kinds ``quest``, ``absmax`` (RTN/SR) and ``ocp`` with 32-grou
 128×128 blocks) on its FP8 layers (:mod:`quartet.kernels.fp8_linear`, :mod:`quartet.kernels.fp8_block_linear`);
 any other quantizer makes ``unsupported_reason`` answer, so ``auto`` skips them and a
 backend named in the config fails at start-up. ``auto`` prefers blackwell > hopper > triton > fused > compiled >
-reference: the MX and FP8 layers where they cover a scheme, the fused recipe layer for the other recipes.
+reference: the MX and FP8 layers where they cover a scheme, the fused recipe layer for the other recipes — and, as
+:func:`quartet.quant.backend.get_backend` gives a backend with a fused layer for the scheme precedence over a higher
+one without, for the forward-only / backward-only variants of ``fp8`` too (its FP8 layer runs all six operands only).
 """
 from __future__ import annotations
 

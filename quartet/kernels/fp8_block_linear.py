@@ -18,6 +18,10 @@ backward keeps the forward's FP8 codes (Ŵ for the input gradient — a 128×128
 X̂, re-quantized along the token axis for the weight gradient straight from its codes and scales), as DeepSeek-V3
 caches FP8 activations. The kernel calls are registered operators: the layer compiles and CUDA-graphs.
 
+The recipe's forward-only and backward-only variants (``fp8_deepseek_fwd`` / ``_bwd``, :func:`part`) run the
+quantized half as above and the other on BF16 tensor cores (:class:`FP8BlockForwardOnlyFn`,
+:class:`FP8BlockBackwardOnlyFn`).
+
 cuBLAS wants every GEMM dimension tiled by 128 here: in/out features must be multiples of 128 (other layers stay
 on the operand-by-operand path) and tokens are zero-padded to 128 (zero rows change no tile maximum and no sum).
 """
@@ -30,6 +34,7 @@ import torch.nn.functional as F
 
 from quartet.kernels import recipe_quant as rq
 from quartet.kernels.fp8_linear import token_padded
+from quartet.kernels.gemm import bf16_matmul
 from quartet.quant.blockwise import expand_tile_scales, fp8_blockwise_codes
 from quartet.quant.linear import QuantLinear
 from quartet.quant.quantizers import QuantizerSpec
@@ -131,6 +136,10 @@ def _mm_1x128_1x128(a8, sa, b8, sb, out_dtype):
     return blockwise_scaled_mm(a8, b8.t(), _left_scale(sa), _left_scale(sb), 1, out_dtype)
 
 
+def _bf16(t: torch.Tensor) -> torch.Tensor:
+    return t.to(torch.bfloat16)
+
+
 class FP8BlockLinearFn(torch.autograd.Function):
     """``Y = X̂ Ŵᵀ`` with the DeepSeek-V3 FP8 operands in all three GEMMs. ``x2d``: (T, in), T % 128 == 0."""
 
@@ -167,39 +176,124 @@ def covers_shape(in_features: int, out_features: int) -> bool:
     return in_features % BLOCK == 0 and out_features % BLOCK == 0
 
 
-def covers(scheme) -> bool:
-    """Whether :class:`FP8BlockQuantLinear` implements ``scheme``: the ``fp8_deepseek`` operand set exactly."""
-    if scheme.bwd_source != "quantized":
-        return False
+def part(scheme) -> str | None:
+    """Which part of the ``fp8_deepseek`` operand set ``scheme`` quantizes: ``all`` (the recipe), ``forward`` (its
+    forward GEMM, both backward GEMMs unquantized: ``fp8_deepseek_fwd``), ``backward`` (the reverse:
+    ``fp8_deepseek_bwd``), or None where it is not one of them."""
+    if scheme.bwd_source != "quantized" or any(g.transform != "none" for g in (scheme.fwd, scheme.dx, scheme.dw)):
+        return None
 
     def is_block(s, rows):
         return (s is not None and s.kind == "fp8" and s.fmt == "e4m3" and s.scaling == "block" and s.group == BLOCK
                 and s.tile_rows == rows)
 
+    def plain(g):
+        return g.a is None and g.b is None
+
     f, dx, dw = scheme.fwd, scheme.dx, scheme.dw
-    return (is_block(f.a, 1) and is_block(f.b, BLOCK) and is_block(dx.a, 1) and dx.b is None and is_block(dw.a, 1)
-            and is_block(dw.b, 1) and all(g.transform == "none" for g in (f, dx, dw)))
+    forward = is_block(f.a, 1) and is_block(f.b, BLOCK)
+    backward = is_block(dx.a, 1) and dx.b is None and is_block(dw.a, 1) and is_block(dw.b, 1)
+    if forward and backward:
+        return "all"
+    if forward and plain(dx) and plain(dw):
+        return "forward"
+    if plain(f) and backward:
+        return "backward"
+    return None
 
 
-def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """The fp8_deepseek linear on ``x`` of any leading shape (tokens zero-padded to a multiple of 128)."""
+def covers(scheme) -> bool:
+    """Whether :class:`FP8BlockQuantLinear` implements ``scheme``: the ``fp8_deepseek`` operand set, or one half of it
+    with the other unquantized (:func:`part`)."""
+    return part(scheme) is not None
+
+
+def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype | None = None,
+                     part: str = "all") -> torch.Tensor:
+    """The fp8_deepseek linear (``part``: ``all``, or the ``forward`` / ``backward`` half alone, :func:`part`) on
+    ``x`` of any leading shape (tokens zero-padded to a multiple of 128)."""
     out_features, in_features = weight.shape
     if not covers_shape(in_features, out_features):
         raise ValueError(f"fp8_block_linear needs in/out features that are multiples of {BLOCK}, got "
                          f"{in_features}x{out_features}")
-    return token_padded(FP8BlockLinearFn.apply, x, weight, BLOCK, out_dtype)
+    return token_padded(_FUNCTIONS[part].apply, x, weight, BLOCK, out_dtype)
+
+
+class FP8BlockForwardOnlyFn(FP8BlockLinearFn):
+    """``fp8_deepseek_fwd``: the recipe's forward GEMM; the backward GEMMs multiply E, unquantized (BF16), by the
+    forward's Ŵ and X̂ (``bwd_source="quantized"``) on BF16 tensor cores. Ŵ and X̂ are rounded once to BF16 for them:
+    their 128×128 / 1×128 scales vary along the backward GEMMs' reduction axes, so none can be factored out of the
+    product (the rounding is BF16's, ≤ 2^-9 relative, as the recipe layer's saved MS-FP4 / INT4 operands)."""
+
+    @staticmethod
+    def backward(ctx, gy: torch.Tensor):
+        x8, sx, w8, sw = ctx.saved_tensors
+        gx = gw = None
+        with torch.autocast(device_type=gy.device.type, enabled=False):
+            e = _bf16(gy)
+            if ctx.needs_input_grad[0]:  # dX = E·Ŵ
+                w_hat = _bf16(dequantize_fp8_blocks(w8, sw, BLOCK))
+                gx = bf16_matmul(e, w_hat.t(), torch.float32).to(ctx.x_dtype)
+            if ctx.needs_input_grad[1]:  # dW = Eᵀ·X̂
+                x_hat = _bf16(dequantize_fp8_blocks(x8, sx, 1))
+                gw = bf16_matmul(e.t(), x_hat.t(), torch.float32).to(ctx.w_dtype)
+        return gx, gw, None
+
+
+class FP8BlockBackwardOnlyFn(torch.autograd.Function):
+    """``fp8_deepseek_bwd``: the forward GEMM unquantized (BF16 X, W on BF16 tensor cores); the backward the recipe's
+    on the high-precision X, W (the forward's X̂ = X): dW = Q₁(Eᵀ)·Q₁(Xᵀ)ᵀ on FP8 tensor cores, dX = Q₁(E)·W with W
+    unquantized on BF16 tensor cores, Q₁(E) rounded once to BF16 for it (its 1×128 scales lie along the reduction
+    axis; ≤ 2^-9 relative)."""
+
+    @staticmethod
+    def forward(ctx, x2d: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype):
+        with torch.autocast(device_type=x2d.device.type, enabled=False):
+            # the GEMM writes the output's dtype where it can (BF16 under autocast), as the BF16 model's linears
+            gemm_dtype = out_dtype if out_dtype in (torch.bfloat16, torch.float32) else torch.float32
+            y = bf16_matmul(_bf16(x2d), _bf16(weight), gemm_dtype).to(out_dtype)
+        ctx.save_for_backward(x2d, weight)
+        ctx.x_dtype, ctx.w_dtype = x2d.dtype, weight.dtype
+        return y
+
+    @staticmethod
+    def backward(ctx, gy: torch.Tensor):
+        x2d, weight = ctx.saved_tensors
+        gx = gw = None
+        with torch.autocast(device_type=gy.device.type, enabled=False):
+            e = gy.contiguous()
+            if ctx.needs_input_grad[0]:  # dX = Q₁(E)·W
+                e8, se = quantize_fp8_blocks(e, 1)
+                e_hat = _bf16(dequantize_fp8_blocks(e8, se, 1))
+                gx = bf16_matmul(e_hat, _bf16(weight).t(), torch.float32).to(ctx.x_dtype)
+            if ctx.needs_input_grad[1]:  # dW = Q₁(Eᵀ)·Q₁(Xᵀ)ᵀ, both tiled along the tokens
+                et8, set_ = quantize_fp8_blocks(e, 1, axis=0)
+                xt8, sxt = quantize_fp8_blocks(x2d, 1, axis=0)
+                gw = _mm_1x128_1x128(et8, set_, xt8, sxt, torch.float32).to(ctx.w_dtype)
+        return gx, gw, None
+
+
+#: the autograd function of each :func:`part`
+_FUNCTIONS = {"all": FP8BlockLinearFn, "forward": FP8BlockForwardOnlyFn, "backward": FP8BlockBackwardOnlyFn}
 
 
 class FP8BlockQuantLinear(QuantLinear):
     """The reference :class:`~quartet.quant.linear.QuantLinear` of ``fp8_deepseek`` with tensor-core GEMMs.
 
     What ``apply_precision`` installs for ``fp8_deepseek`` on ``hopper_fp8`` where the layer's features are multiples
-    of 128. Steps that record statistics run the operand-by-operand seam path (same quantizers, float32 GEMMs)."""
+    of 128, and for its forward-only / backward-only variants (:func:`part`). Steps that record statistics run the
+    operand-by-operand seam path (same quantizers, float32 GEMMs)."""
+
+    def __init__(self, weight, scheme, backend, **kw):
+        super().__init__(weight, scheme, backend, **kw)
+        self.part = part(scheme)
+        if self.part is None:
+            raise ValueError(f"FP8BlockQuantLinear does not run scheme {scheme.name!r}")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.stats_enabled:
             return super().forward(x)
-        return fp8_block_linear(x, self.weight)
+        return fp8_block_linear(x, self.weight, part=self.part)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + ", fp8_blockwise_tensor_cores=True"

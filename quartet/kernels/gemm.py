@@ -105,6 +105,28 @@ def bf16_mm(a: QuantizedOperand, b: QuantizedOperand, out_dtype: torch.dtype = t
     return (a.deq.to(torch.bfloat16) @ b.deq.to(torch.bfloat16).t()).to(out_dtype)
 
 
+@torch.library.custom_op("quartet::bf16_gemm", mutates_args=())
+def bf16_gemm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """``a @ bᵀ`` of BF16 operands with float32 accumulation, written in ``out_dtype`` (cuBLAS), as a registered
+    operator: Inductor keeps it as the library call instead of lowering ``mm(out_dtype=)`` itself."""
+    if out_dtype == torch.bfloat16:
+        return torch.mm(a, b.t())
+    return torch.mm(a, b.t(), out_dtype=out_dtype)
+
+
+@bf16_gemm.register_fake
+def _(a, b, out_dtype):
+    return a.new_empty((a.shape[0], b.shape[0]), dtype=out_dtype)
+
+
+def bf16_matmul(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """``a @ bᵀ`` of BF16 operands with float32 accumulation: BF16 tensor cores on a GPU, float32 elsewhere (the
+    values are exact)."""
+    if a.is_cuda:
+        return bf16_gemm(a, b, out_dtype)
+    return (a.float() @ b.float().t()).to(out_dtype)
+
+
 def hopper_available() -> bool:
     """True on a CUDA device with FP8 tensor cores (compute capability 8.9 or 9.x)."""
     if not torch.cuda.is_available():

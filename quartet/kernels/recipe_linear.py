@@ -1,9 +1,9 @@
 """The fused recipe layer: every quantized operand from one Triton kernel, three BF16 tensor-core GEMMs, scales after.
 
 What ``auto`` runs on a CUDA GPU for the recipes no FP8 / MXFP4 layer covers (``mxfp8``, ``nvfp4``,
-``nvfp4_recipe``, ``quartet2``, ``ms_fp4``, ``luq_int4``; any scheme whose operands
-:mod:`quartet.kernels.recipe_quant` quantizes and whose forward GEMM is not rotated). The layer is read off the
-:class:`~quartet.quant.schemes.Scheme` itself (:func:`plan_for`), not off a list of names.
+``nvfp4_recipe``, ``quartet2``, ``ms_fp4``, ``luq_int4``), their forward-only / backward-only variants and ``fp8``'s
+(any scheme whose operands :mod:`quartet.kernels.recipe_quant` quantizes and whose forward GEMM is not rotated). The
+layer is read off the :class:`~quartet.quant.schemes.Scheme` itself (:func:`plan_for`), not off a list of names.
 
 For ``Y = X Wᵀ`` (X: T × K tokens, W: N × K, E = dL/dY: T × N) the three GEMMs ``a @ bᵀ`` are
 
@@ -18,11 +18,14 @@ dW         Q_wa(Eᵀ·R)  (E read down)  Q_wb(Xsrcᵀ·R): X or the forward's X�
 Each quantizer returns BF16 values q·s_g and the scale P it factored out (a tensor scale, or one per row of a
 row-scaled operand); the GEMM multiplies the values with float32 accumulation and the output is scaled by
 P_a (rows) · P_b (columns) — so it equals the oracle's product of x̂ up to summation order. A rotation along the
-reduction axis cancels in the product, so no output is rotated back. Operands a scheme leaves unquantized in the
-backward are the forward's X̂ / Ŵ as saved (BF16); a row-scaled forward operand (MS-FP4, INT4) is saved as
-x̂ rounded once to BF16, because its row scales lie along the backward GEMMs' reduction axis where no scale can be
-factored out (so is MS-FP4's X̂ = Q(Xc) + ΔX in its forward GEMM: the outlier residual has no common scale). Those
-are the layer's only roundings beyond the oracle's, each ≤ 2^-9 relative (BF16's, as the BF16 model's own).
+reduction axis cancels in the product, so no output is rotated back. An operand a scheme leaves unquantized is,
+as in the oracle, the forward's X̂ / Ŵ as saved (BF16; :attr:`Plain.REUSED`) where the backward reads the quantized
+operands, else the tensor itself rounded to BF16 (:attr:`Plain.UNQUANTIZED`: the unquantized half of a forward-only
+or backward-only variant, a BF16 GEMM operand as in the BF16 model). A row-scaled forward operand (MS-FP4, INT4)
+is saved as x̂ rounded once to BF16, because its row scales lie along the backward GEMMs' reduction axis where no
+scale can be factored out (so is MS-FP4's X̂ = Q(Xc) + ΔX in its forward GEMM: the outlier residual has no common
+scale). Those and the unquantized operands' are the layer's only roundings beyond the oracle's, each ≤ 2^-9
+relative (BF16's, as the BF16 model's own).
 
 Graph-safe: the layer's forward and backward are registered operators (``torch.library.custom_op``, with shape
 functions and an autograd formula, as the fused Quartet layer), the random draws (Hadamard signs, Philox seeds) are
@@ -35,16 +38,18 @@ import functools
 import json
 import math
 from dataclasses import dataclass, field
+from enum import Enum
 
 import torch
 
 from quartet.kernels import recipe_quant as rq
 from quartet.kernels.fp8_linear import pad_tokens, unpad_tokens
+from quartet.kernels.gemm import bf16_matmul
 from quartet.quant.linear import QuantLinear, backward_draws, hadamard_signs
 from quartet.quant.quantizers import QuantizerSpec
 
-__all__ = ["RecipePlan", "plan_for", "covers", "covers_shape", "RecipeQuantLinear", "recipe_quant_linear",
-           "bind_recipe_draws", "IMPL_RECIPE"]
+__all__ = ["RecipePlan", "OperandPlan", "Plain", "plan_for", "covers", "covers_shape", "RecipeQuantLinear",
+           "recipe_quant_linear", "bind_recipe_draws", "IMPL_RECIPE"]
 
 #: how the quant plan names this layer
 IMPL_RECIPE = ("RecipeQuantLinear, fused Triton quantizers + BF16 tensor-core GEMMs, scales after the GEMM "
@@ -53,6 +58,15 @@ IMPL_RECIPE = ("RecipeQuantLinear, fused Triton quantizers + BF16 tensor-core GE
 _PLANS: dict = {}
 #: tokens are zero-padded to a multiple of this (groups, 2-D tiles and Hadamard blocks along the token axis)
 TOKEN_MULTIPLE = 128
+
+
+class Plain(str, Enum):
+    """A GEMM operand the layer does not quantize itself."""
+
+    #: high precision: the tensor itself (X, W or E) rounded to BF16, the GEMM operand of the BF16 model's linears
+    UNQUANTIZED = "unquantized"
+    #: the forward's quantized operand as saved (X̂ or Ŵ, BF16 values and their scale): the backward multiplies it
+    REUSED = "reused"
 
 
 @dataclass(frozen=True)
@@ -73,9 +87,7 @@ class OperandPlan:
     occ: bool
 
     @classmethod
-    def of(cls, spec: QuantizerSpec | None) -> "OperandPlan | None":
-        if spec is None:
-            return None
+    def of(cls, spec: QuantizerSpec) -> "OperandPlan":
         kind = rq.kernel_kind(spec)
         return cls(spec, json.dumps(spec.to_dict(), sort_keys=True), kind is not None,
                    kind is not None and kind.amax != rq.AMAX_NONE, kind is not None and kind.amax == rq.AMAX_ALL,
@@ -84,16 +96,17 @@ class OperandPlan:
 
 @dataclass(frozen=True)
 class RecipePlan:
-    """The layer's six operand quantizers (None: the forward's operand reused, or high precision), the backward
-    GEMMs' rotations (Hadamard block, 0 = none; signs ``random`` per micro-batch or ``seeded`` once per run) and
-    what the backward requantizes (``input`` X, W or the ``quantized`` X̂, Ŵ)."""
+    """The layer's six GEMM operands, each an :class:`OperandPlan` (quantized here) or a :class:`Plain` one (forward
+    operands and E: :attr:`Plain.UNQUANTIZED`; the backward's W / X: also :attr:`Plain.REUSED`, the forward's Ŵ / X̂),
+    the backward GEMMs' rotations (Hadamard block, 0 = none; signs ``random`` per micro-batch or ``seeded`` once per
+    run) and what the backward requantizes (``input`` X, W or the ``quantized`` X̂, Ŵ)."""
 
-    fwd_a: OperandPlan
-    fwd_b: OperandPlan
-    dx_a: OperandPlan
-    dx_b: OperandPlan | None
-    dw_a: OperandPlan
-    dw_b: OperandPlan | None
+    fwd_a: OperandPlan | Plain
+    fwd_b: OperandPlan | Plain
+    dx_a: OperandPlan | Plain
+    dx_b: OperandPlan | Plain
+    dw_a: OperandPlan | Plain
+    dw_b: OperandPlan | Plain
     dx_hb: int
     dw_hb: int
     dx_signs: str | None
@@ -113,10 +126,21 @@ class RecipePlan:
         return math.lcm(128, self.dx_hb or 1, self.dw_hb or 1)
 
     @property
+    def keep_x(self) -> bool:
+        """The backward reads the forward's X̂ (``quantized`` source, X quantized in the forward), else X itself."""
+        return self.bwd_source == "quantized" and isinstance(self.fwd_a, OperandPlan)
+
+    @property
+    def keep_w(self) -> bool:
+        """The backward reads the forward's Ŵ, else W itself (as :attr:`keep_x`)."""
+        return self.bwd_source == "quantized" and isinstance(self.fwd_b, OperandPlan)
+
+    @property
     def share_e(self) -> bool:
         """Both backward GEMMs quantize E with the same elementwise quantizer, unrotated: the gradient's tensor amax
         (and, deterministic, its values) serve both."""
-        return self.dx_a == self.dw_a and self.dx_a.elementwise and not self.dx_hb and not self.dw_hb
+        return (isinstance(self.dx_a, OperandPlan) and self.dx_a == self.dw_a and self.dx_a.elementwise
+                and not self.dx_hb and not self.dw_hb)
 
 
 def _rotation(g) -> tuple[int, str | None]:
@@ -138,12 +162,25 @@ def _runs(spec: QuantizerSpec | None, *, forward: bool) -> bool:
     return forward and rq.supports(spec)  # row kinds read the forward operands along their rows only
 
 
+def _operand(spec: QuantizerSpec | None, reused: bool = False) -> OperandPlan | Plain:
+    """The plan of one operand: quantized by ``spec``; where the scheme leaves it unquantized (None), the forward's
+    quantized operand when ``reused`` (a backward W / X whose source is the forward's X̂, Ŵ), else the tensor itself."""
+    if spec is not None:
+        return OperandPlan.of(spec)
+    return Plain.REUSED if reused else Plain.UNQUANTIZED
+
+
 def plan_for(scheme) -> RecipePlan | None:
     """The layer plan of ``scheme`` (a :class:`~quartet.quant.schemes.Scheme`), or None when this layer does not run
-    it: a rotated forward, an operand kind without a kernel here, a rotated GEMM with an unquantized operand."""
-    if not scheme.convert or scheme.fwd.transform != "none" or scheme.fwd.a is None or scheme.fwd.b is None:
-        return None
-    if scheme.dx.a is None or scheme.dw.a is None:
+    it: nothing quantized, a rotated forward, an operand kind without a kernel here, a rotated GEMM with an
+    operand it does not quantize.
+
+    An operand the scheme leaves unquantized (None) is, as in the oracle (:mod:`quartet.quant.linear`): in the
+    backward GEMMs' W / X slot, the forward's Ŵ / X̂ where the backward reads the quantized operands
+    (``bwd_source="quantized"``) and the forward quantized it (:attr:`Plain.REUSED`, MS-FP4's and LUQ's backward,
+    a forward-only variant's); anywhere else the high-precision tensor (:attr:`Plain.UNQUANTIZED`: the half a
+    forward-only or backward-only variant leaves unquantized), a BF16 GEMM operand."""
+    if not scheme.convert or not scheme.specs() or scheme.fwd.transform != "none":
         return None
     if not (_runs(scheme.fwd.a, forward=True) and _runs(scheme.fwd.b, forward=True)):
         return None
@@ -154,13 +191,13 @@ def plan_for(scheme) -> RecipePlan | None:
         return None
     if any(hb and (hb < 16 or hb > 256) for hb in (dx_hb, dw_hb)):
         return None
-    if (dx_hb and scheme.dx.b is None) or (dw_hb and scheme.dw.b is None):
-        return None  # the rotation is fused into the quantizer
-    if scheme.bwd_source == "input" and (scheme.dx.b is None or scheme.dw.b is None):
-        return None  # the raw float32 weight would have to be rounded for a BF16 GEMM
-    ops = [OperandPlan.of(s) for s in (scheme.fwd.a, scheme.fwd.b, scheme.dx.a, scheme.dx.b, scheme.dw.a,
-                                       scheme.dw.b)]
-    key = json.dumps([None if op is None else op.key for op in ops]
+    if any(hb and (g.a is None or g.b is None) for hb, g in ((dx_hb, scheme.dx), (dw_hb, scheme.dw))):
+        return None  # the rotation is fused into the quantizers
+    quantized = scheme.bwd_source == "quantized"
+    ops = [_operand(scheme.fwd.a), _operand(scheme.fwd.b),
+           _operand(scheme.dx.a), _operand(scheme.dx.b, quantized and scheme.fwd.b is not None),
+           _operand(scheme.dw.a), _operand(scheme.dw.b, quantized and scheme.fwd.a is not None)]
+    key = json.dumps([op.key if isinstance(op, OperandPlan) else op.value for op in ops]
                      + [dx_hb, dw_hb, dx_signs, dw_signs, scheme.bwd_source])
     plan = RecipePlan(*ops, dx_hb, dw_hb, dx_signs, dw_signs, scheme.bwd_source, key)
     return _PLANS.setdefault(key, plan)
@@ -246,27 +283,6 @@ def _quantize(src: torch.Tensor, op: OperandPlan, axis: int, hb: int = 0, signs=
     return _Operand(values, post if op.tensor_scaled else None), cell
 
 
-@torch.library.custom_op("quartet::bf16_gemm", mutates_args=())
-def bf16_gemm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
-    """``a @ bᵀ`` of BF16 operands with float32 accumulation, written in ``out_dtype`` (cuBLAS), as a registered
-    operator: Inductor keeps it as the library call instead of lowering ``mm(out_dtype=)`` itself."""
-    if out_dtype == torch.bfloat16:
-        return torch.mm(a, b.t())
-    return torch.mm(a, b.t(), out_dtype=out_dtype)
-
-
-@bf16_gemm.register_fake
-def _(a, b, out_dtype):
-    return a.new_empty((a.shape[0], b.shape[0]), dtype=out_dtype)
-
-
-def _mm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
-    """``a @ bᵀ`` with float32 accumulation: BF16 tensor cores on a GPU, float32 elsewhere (the values are exact)."""
-    if a.is_cuda:
-        return bf16_gemm(a, b, out_dtype)
-    return (a.float() @ b.float().t()).to(out_dtype)
-
-
 def _gemm_dtype(t: torch.Tensor, out_dtype: torch.dtype) -> torch.dtype:
     """What the GEMM writes: the output's own dtype on a GPU (BF16 under autocast, as the BF16 model's linears; a
     float32 output is accumulated and written in float32, not rounded through BF16), float32 on the CPU."""
@@ -276,7 +292,7 @@ def _gemm_dtype(t: torch.Tensor, out_dtype: torch.dtype) -> torch.dtype:
 def _gemm(a: _Operand, b: _Operand, out_dtype: torch.dtype, gemm_dtype: torch.dtype,
           factor: torch.Tensor | None = None) -> torch.Tensor:
     """The scaled product ``(a.values @ b.valuesᵀ) · P_a · P_b (· factor)`` in ``out_dtype``."""
-    y = _mm(a.values, b.values, gemm_dtype)
+    y = bf16_matmul(a.values, b.values, gemm_dtype)
     scalar = None
     for p, rows in ((a.post, True), (b.post, False)):
         if p is None:
@@ -299,8 +315,15 @@ def _times(op: _Operand, extra: torch.Tensor | None) -> _Operand:
     return _Operand(op.values, extra if op.post is None else op.post * extra)
 
 
-def _forward_operand(src: torch.Tensor, plan: OperandPlan, keep: bool):
+def _unquantized(t: torch.Tensor) -> _Operand:
+    """A high-precision GEMM operand: ``t`` rounded to BF16 (the BF16 model's linears multiply the same)."""
+    return _Operand(t.to(torch.bfloat16))
+
+
+def _forward_operand(src: torch.Tensor, plan: OperandPlan | Plain, keep: bool):
     """(GEMM operand, what the backward reuses when ``keep`` (an _Operand or None), gradient factor or None)."""
+    if plan is Plain.UNQUANTIZED:
+        return _unquantized(src), None, None
     if plan.tile:
         op, _ = _quantize(src, plan, -1)
         return op, (op if keep else None), None
@@ -317,14 +340,23 @@ def _empty(like: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
 
 def _forward(x2d: torch.Tensor, weight: torch.Tensor, plan: RecipePlan, out_dtype: torch.dtype):
     """``(y, X̂ or None, its post-scale, Ŵ or None, its post-scale, X's gradient factor, W's)``: the forward GEMM
-    and, where the backward requantizes the forward's operands, what it reuses."""
-    quantized = plan.bwd_source == "quantized"
-    qa, xs, fx = _forward_operand(x2d, plan.fwd_a, quantized)
-    qb, ws, fw = _forward_operand(weight, plan.fwd_b, quantized)
+    and, where the backward reads the forward's quantized operands (:attr:`RecipePlan.keep_x`, ``keep_w``), them."""
+    qa, xs, fx = _forward_operand(x2d, plan.fwd_a, plan.keep_x)
+    qb, ws, fw = _forward_operand(weight, plan.fwd_b, plan.keep_w)
     y = _gemm(qa, qb, out_dtype, _gemm_dtype(x2d, out_dtype))
-    if not quantized:
-        return y, None, None, None, None, fx, fw
-    return y, xs.values, xs.post, ws.values, ws.post, fx, fw
+    (xv, xp), (wv, wp) = ((o.values, o.post) if o is not None else (None, None) for o in (xs, ws))
+    return y, xv, xp, wv, wp, fx, fw
+
+
+def _backward_operand(src: torch.Tensor, post, plan: OperandPlan | Plain, hb: int, signs, seed) -> _Operand:
+    """The backward GEMMs' right operand Wsrcᵀ / Xsrcᵀ (read down ``src``'s columns): quantized, the forward's saved
+    operand as is, or the high-precision tensor."""
+    if plan is Plain.REUSED:
+        return _Operand(src.t(), post)
+    if plan is Plain.UNQUANTIZED:
+        return _unquantized(src.t())
+    op, _ = _quantize(src, plan, 0, hb, signs, seed)
+    return _times(op, post)
 
 
 def _backward(e: torch.Tensor, x_src, x_post, w_src, w_post, fx, fw, signs, seeds, plan: RecipePlan,
@@ -333,28 +365,26 @@ def _backward(e: torch.Tensor, x_src, x_post, w_src, w_post, fx, fw, signs, seed
     gx = gw = None
     s_dx = signs[0] if plan.dx_signs else None
     s_dw = signs[1] if plan.dw_signs else None
+    cell = None
     # dX = E·Wsrc: E along N, Wsrcᵀ (K × N) read down W's columns
-    ea, cell = _quantize(e, plan.dx_a, -1, plan.dx_hb, s_dx, seeds[0:1])
+    if plan.dx_a is Plain.UNQUANTIZED:
+        ea = _unquantized(e)
+    else:
+        ea, cell = _quantize(e, plan.dx_a, -1, plan.dx_hb, s_dx, seeds[0:1])
     if need_x:
-        if plan.dx_b is not None:
-            wb, _ = _quantize(w_src, plan.dx_b, 0, plan.dx_hb, s_dx, seeds[1:2])
-            wb = _times(wb, w_post)
-        else:
-            wb = _Operand(w_src.t(), w_post)
+        wb = _backward_operand(w_src, w_post, plan.dx_b, plan.dx_hb, s_dx, seeds[1:2])
         gx = _gemm(ea, wb, x_dtype, _gemm_dtype(e, x_dtype), fx)
     if need_w:
         # dW = Eᵀ·Xsrc: both read down their columns (reduction over tokens). An elementwise kind (one scale for
         # the whole tensor: FP8 tensor scaling, LUQ) quantizes E the same along either axis: a deterministic one is
         # reused as is, a stochastic one reuses the tensor amax
-        if plan.share_e and not plan.dw_a.stochastic:
+        if plan.dw_a is Plain.UNQUANTIZED:
+            et = _unquantized(e.t())
+        elif plan.share_e and not plan.dw_a.stochastic:
             et = _Operand(ea.values.t(), ea.post)
         else:
             et, _ = _quantize(e, plan.dw_a, 0, plan.dw_hb, s_dw, seeds[2:3], cell if plan.share_e else None)
-        if plan.dw_b is not None:
-            xb, _ = _quantize(x_src, plan.dw_b, 0, plan.dw_hb, s_dw, seeds[3:4])
-            xb = _times(xb, x_post)
-        else:
-            xb = _Operand(x_src.t(), x_post)
+        xb = _backward_operand(x_src, x_post, plan.dw_b, plan.dw_hb, s_dw, seeds[3:4])
         gw = _gemm(et, xb, w_dtype, torch.float32, fw)
     return gx, gw
 
@@ -384,19 +414,18 @@ def _(x2d, weight, signs, seeds, plan_key, out_dtype):
     plan = _PLANS[plan_key]
     T, K = x2d.shape
     N = weight.shape[0]
-    quantized = plan.bwd_source == "quantized"
 
-    def saved(op: OperandPlan, rows: int):
-        if not quantized:
+    def saved(op: OperandPlan | Plain, keep: bool, rows: int):
+        if not keep:
             return _empty(x2d), _empty(x2d)
         post = x2d.new_empty((), dtype=torch.float32) if op.tile and op.tensor_scaled else _empty(x2d)
         return x2d.new_empty((rows, K), dtype=torch.bfloat16), post
 
-    def factor(op: OperandPlan, rows: int):
-        dge = not op.tile and op.spec.kind == "ms_fp4" and bool(op.spec.dge_k)
+    def factor(op: OperandPlan | Plain, rows: int):
+        dge = isinstance(op, OperandPlan) and not op.tile and op.spec.kind == "ms_fp4" and bool(op.spec.dge_k)
         return x2d.new_empty((rows, K), dtype=torch.float32) if dge else _empty(x2d)
 
-    (xs, xp), (ws, wp) = saved(plan.fwd_a, T), saved(plan.fwd_b, N)
+    (xs, xp), (ws, wp) = saved(plan.fwd_a, plan.keep_x, T), saved(plan.fwd_b, plan.keep_w, N)
     return (x2d.new_empty((T, N), dtype=out_dtype), xs, xp, ws, wp, factor(plan.fwd_a, T), factor(plan.fwd_b, N))
 
 
@@ -423,8 +452,8 @@ def _(gy, x_src, x_post, w_src, w_post, fx, fw, signs, seeds, plan_key, x_dtype,
 def _setup_context(ctx, inputs, output):
     x2d, weight, signs, seeds, plan_key, _out_dtype = inputs
     _y, xs, xp, ws, wp, fx, fw = output
-    quantized = _PLANS[plan_key].bwd_source == "quantized"
-    ctx.save_for_backward(xs if quantized else x2d, xp, ws if quantized else weight, wp, fx, fw, signs, seeds)
+    plan = _PLANS[plan_key]
+    ctx.save_for_backward(xs if plan.keep_x else x2d, xp, ws if plan.keep_w else weight, wp, fx, fw, signs, seeds)
     ctx.plan_key = plan_key
     ctx.x_dtype, ctx.w_dtype = x2d.dtype, weight.dtype
 

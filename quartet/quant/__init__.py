@@ -172,7 +172,7 @@ def apply_precision(model: nn.Module, precision_cfg, *, seed: int | None = None,
         plan.high_precision = [n for n, _ in found] + weighted
         return plan
 
-    backend = get_backend(backend_name, device, scheme.specs())
+    backend = get_backend(backend_name, device, scheme.specs(), scheme=scheme)
     plan.backend, plan.backend_detail = backend.name, backend.describe(device)
     operands = scheme.operand_map()
     # A kernel backend offers its fused layer where it covers the scheme (each operand quantized once, FP8

@@ -157,23 +157,31 @@ def _check(backend: Backend, device: torch.device, specs: Iterable[QuantizerSpec
     return None
 
 
-def get_backend(name: str = "auto", device: torch.device | str = "cpu", specs: Iterable[QuantizerSpec] = ()) -> Backend:
+def get_backend(name: str = "auto", device: torch.device | str = "cpu", specs: Iterable[QuantizerSpec] = (),
+                scheme=None) -> Backend:
     """Resolve a backend by name for ``device`` and the quantizers ``specs`` it must run.
 
-    ``auto``: the highest-priority registered backend whose device and quantizer checks pass
-    (``reference`` always passes). A named backend that is unknown or cannot run raises
-    :class:`ConfigError` with the reason.
+    ``auto``: the highest-priority registered backend whose device and quantizer checks pass (``reference`` always
+    passes) — given the ``scheme`` (a :class:`~quartet.quant.schemes.Scheme`), the highest-priority one of those with
+    a fused layer for it (:meth:`Backend.fused_layer`), where any has one: a fused layer outruns the operand-by-operand
+    path of a backend above it. A named backend that is unknown or cannot run raises :class:`ConfigError` with the
+    reason.
     """
     device = torch.device(device)
     specs = list(specs)
     if name == "auto":
+        runs = []
         for cand in available_backends():
             try:
                 backend = _REGISTRY[cand][0](device)
             except Exception:  # a kernel backend that cannot even be built here is not a candidate
                 continue
             if _check(backend, device, specs) is None:
-                return backend
+                if scheme is None or backend.fused_layer(scheme) is not None:
+                    return backend
+                runs.append(backend)
+        if runs:
+            return runs[0]
         raise ConfigError("precision.backend=auto: no registered backend can run this scheme")  # pragma: no cover
     if name not in _REGISTRY:
         extra = "".join(f" ({plugin} failed to import: {why})" for plugin, why in _PLUGIN_ERRORS.items())

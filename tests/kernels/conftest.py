@@ -117,7 +117,7 @@ def resolve_backends_to(monkeypatch):
     def resolve(name: str):
         be, real = make_backend(name), Q.get_backend
         monkeypatch.setattr(Q, "get_backend",
-                            lambda n, device, specs: real(n, device, specs) if n == "reference" else be)
+                            lambda n, device, specs, **kw: real(n, device, specs, **kw) if n == "reference" else be)
         return be
 
     return resolve

@@ -99,6 +99,17 @@ def test_layer_matches_the_oracle_layer(T, layer_checks):
                                        tol=2e-4 if DEV == "cuda" else 1e-6)
 
 
+@pytest.mark.parametrize("variant", ["fp8_deepseek_fwd", "fp8_deepseek_bwd"])
+def test_half_variants_match_the_oracle_layer(variant, layer_checks):
+    """The forward-only / backward-only variant on the same layer: its quantized half as the recipe's (FP8 GEMMs),
+    its unquantized half on BF16 operands -- the only difference from the oracle's float32 GEMMs is that rounding
+    (and, where a block-scaled operand meets an unquantized one, that operand's rounding to BF16): ≤ 2^-9 per
+    operand, a few 1e-3 of the products' norms."""
+    scheme = build_scheme(PrecisionConfig(name=variant))
+    assert B.part(scheme) == ("forward" if variant.endswith("_fwd") else "backward")
+    layer_checks.assert_matches_oracle(scheme, B.FP8BlockQuantLinear, 192, 256, 384, seed=5, tol=4e-3)
+
+
 def test_fused_hook_installs_the_block_layer_only_where_it_applies(monkeypatch):
     hopper = make_backend("hopper_fp8")
     w = torch.nn.Parameter(torch.randn(384, 256))

@@ -1,6 +1,8 @@
 """Every training recipe of the recipe table on the GPU, against the CPU oracle (skipped without CUDA).
 
-Three checks per recipe (``quartet.quant.schemes.RECIPES``):
+Three checks per recipe (``quartet.quant.schemes.RECIPES``) and per forward-only / backward-only variant
+(``HALF_VARIANTS``; a variant of any recipe but Quartet's on a fused layer, as tests/kernels/test_auto_backend.py
+resolves them on the CPU):
 
 1. the path ``auto`` picks on the GPU (a fused kernel layer, the FP8 tensor-core layers, or the ``compiled``
    backend) is a fast one, never the eager oracle;
@@ -36,6 +38,13 @@ def _recipes():
     from quartet.quant.schemes import RECIPES
 
     return [r for r in RECIPES if r != "bf16"]
+
+
+def _variants():
+    """The forward-only and backward-only variant of every recipe (the effN / effD runs train on their fast paths)."""
+    from quartet.quant.schemes import HALF_VARIANTS
+
+    return list(HALF_VARIANTS)
 
 
 #: the two layers, their input and the oracle's drift measurements (one definition for this test and the benchmark)
@@ -87,11 +96,15 @@ def forward_drift_bound(name: str) -> float:
     return max(1e-2, ROUNDED_FORWARD.get(name, 0.0), 1.5 * PAIR.measure(name, draws=3, noise=1e-5)["reordered_max"])
 
 
-@pytest.mark.parametrize("name", _recipes())
+@pytest.mark.parametrize("name", _recipes() + _variants())
 def test_recipe_block_linear_on_gpu_matches_the_cpu_oracle(name, monkeypatch):
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    from quartet.quant.schemes import HALF_VARIANTS
+
     gpu, plan = _pair("cuda", name, "auto")
     assert plan.backend != "reference", f"{name}: auto fell back to the eager oracle on the GPU"
+    if HALF_VARIANTS.get(name, ("quartet",))[0] not in ("quartet", "quartet_sr"):
+        assert "operand by operand" not in plan.implementation, (name, plan.backend, plan.implementation)
     y_gpu, g_gpu, y_cpu, g_cpu = run_fast_and_oracle(name, gpu, "cuda")
     hp, _ = _pair("cpu", "bf16", "reference")
     y_hp, g_hp = _run(hp, "cpu")
@@ -174,7 +187,7 @@ def test_compiled_quantizers_equal_the_eager_oracle_on_the_gpu(label, spec_block
             assert float(rel.max()) <= 0.5 + 1e-6, (label, trial, float(rel.max()))
 
 
-@pytest.mark.parametrize("name", _recipes())
+@pytest.mark.parametrize("name", _recipes() + _variants())
 def test_recipe_trains_on_the_gpu(name, tmp_path):
     """40 steps of a 1M Llama on the repository's docs: finite, and the loss falls well below its start."""
     from quartet.config import compose, resolve
