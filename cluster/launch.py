@@ -57,6 +57,17 @@ def split_overrides(items: list[str]) -> tuple[list[str], list[str], list[str]]:
     return sweep, cluster, run
 
 
+def only_overrides(items: list[str]) -> list[str]:
+    """``--only KEY=V1,V2`` items as sweep edits (``sweep.only.KEY=[V1,V2]``)."""
+    out = []
+    for item in items:
+        key, sep, values = item.partition("=")
+        if not sep or not key or not values:
+            raise QuartetError(f"--only {item!r}: expected KEY=V1,V2 (e.g. --only model=llama_3m,llama_7m)")
+        out.append(f"sweep.only.{key}=[{values}]")
+    return out
+
+
 def default_runs_root() -> Path:
     """``$QUARTET_RUNS``, else the checkout's ``runs/`` (:func:`quartet.paths.runs_root`)."""
     from quartet.paths import runs_root
@@ -492,6 +503,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="print the plan, write and submit nothing")
     p.add_argument("--runs-dir", help="runs root, as run.out_dir=DIR (default: $QUARTET_RUNS, else <checkout>/runs; a relative path is from the working directory)")
     p.add_argument("--max-rows", type=int, default=None, help="print at most this many runs in the plan table")
+    p.add_argument("--only", action="append", default=[], metavar="KEY=V1,V2",
+                   help="a stage of the sweep: only its runs whose KEY is one of the values (e.g. model=llama_3m,llama_7m; "
+                        "repeat for several keys); run ids stay the full sweep's")
     p.add_argument("overrides", nargs="*", help="key=value overrides")
     return p
 
@@ -516,7 +530,8 @@ def cli_main(argv: list[str] | None = None) -> int:
     console = Console(width=None if sys.stdout.isatty() else 200)
     try:
         # a dry run writes nothing: a run found dead is shown so, and recorded by the launch that resumes it
-        plan = make_plan(args.name, args.cluster, args.overrides, args.runs_dir, reconcile=not args.dry_run)
+        plan = make_plan(args.name, args.cluster, only_overrides(args.only) + args.overrides, args.runs_dir,
+                         reconcile=not args.dry_run)
     except QuartetError as exc:
         print(f"quartet sweep: error: {exc}", file=sys.stderr)
         return 2

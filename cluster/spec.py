@@ -14,6 +14,8 @@ fails at load time)::
     fixed: {data: shakespeare}      # overrides applied to every run
     include: []                     # extra runs: mappings of overrides (on top of `fixed`)
     exclude: []                     # grid points matching ALL key/values of an entry are dropped
+    only: {}                        # a stage of the sweep: keep the runs (grid and include) whose value of each
+                                    # key is one listed ({model: [llama_3m]}; `quartet sweep --only model=llama_3m`)
     branches: false                 # true: budgets as decay branches of one WSD trunk (docs/branches.md)
 
 Runs that differ only in precision get identical seeds (``run.seed`` / ``run.data_seed`` are config
@@ -46,6 +48,9 @@ class SweepSpec:
     fixed: dict[str, Any] = field(default_factory=dict)
     include: list[Any] = field(default_factory=list)
     exclude: list[Any] = field(default_factory=list)
+    #: a stage of the sweep: only the runs whose value of each key (a run's value: its point's, else ``fixed``'s)
+    #: is one of those listed; the run ids are the full sweep's, so the stages of one sweep share its group folder
+    only: dict[str, Any] = field(default_factory=dict)
     #: free-form notes shown by --dry-run (e.g. which points the paper actually ran)
     notes: list[str] = field(default_factory=list)
     #: budget branches (cluster/branches.py, docs/branches.md): false | true (a WSD trunk per group of runs that
@@ -98,7 +103,7 @@ def load_sweep(name_or_path: str, overrides: list[str] | None = None, sweeps_dir
             key, _, value = item.partition("=")
             head, _, rest = key.partition(".")
             parsed = OmegaConf.from_dotlist([f"v={value}"]).v
-            if head in {"axes", "fixed"} and rest:
+            if head in {"axes", "fixed", "only"} and rest:
                 # axis / fixed keys are whole Hydra keys and may contain dots: axes.budget.tokens=[...]
                 merged[head][rest] = parsed
             else:
@@ -163,6 +168,9 @@ def _check(spec: SweepSpec) -> None:
     for i, entry in enumerate(spec.include):
         if not isinstance(entry, dict) or not entry:
             raise ConfigError(f"sweep {spec.name}: include[{i}] must be a mapping of overrides, got {entry!r}")
+    for key, values in spec.only.items():
+        if not isinstance(values, list) or not values:
+            raise ConfigError(f"sweep {spec.name}: only.{key} must be a non-empty list, got {values!r}")
     for i, entry in enumerate(spec.exclude):
         if not isinstance(entry, dict) or not entry:
             raise ConfigError(f"sweep {spec.name}: exclude[{i}] must be a mapping of overrides, got {entry!r}")
@@ -174,7 +182,7 @@ def _check(spec: SweepSpec) -> None:
 
 
 def expand(spec: SweepSpec) -> list[RunPoint]:
-    """The full grid (axes order, last axis fastest), minus ``exclude``, plus ``include``.
+    """The full grid (axes order, last axis fastest), minus ``exclude``, plus ``include``; then ``only``.
 
     Duplicates (an include equal to a grid point) are dropped; order is deterministic.
     """
@@ -196,6 +204,8 @@ def expand_named(spec: SweepSpec) -> tuple[list[RunPoint], list[str]]:
     seen: dict[tuple[str, ...], RunPoint] = {}
     for values in points:
         merged = {**spec.fixed, **values}
+        if not all(any(_same(merged.get(k), v) for v in allowed) for k, allowed in spec.only.items()):
+            continue
         overrides = tuple(f"{k}={_fmt(v)}" for k, v in merged.items())
         point = RunPoint(values=values, overrides=overrides)
         if overrides in seen:

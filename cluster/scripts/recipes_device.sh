@@ -10,6 +10,8 @@
 #                                                  # call again on the same machine to keep waiting
 #   bash cluster/scripts/recipes_device.sh speed   # the fast paths: GPU tests, kernel benchmark, every recipe's step
 #                                                  # speed at llama_7m and llama_200m, as one background job (below)
+#   bash cluster/scripts/recipes_device.sh runs    # GPU tests as a gate, then RUNS_SWEEPS side by side on every GPU,
+#                                                  # as one background job (below); call again to keep waiting
 #
 # On a machine with the project installed none of this is needed: docs/recipes.md gives the plain commands.
 # Results go to $OUT (default .cache/recipes_out): logs, gpu_tests.txt, recipe_speed.json, runs.tar.gz (every
@@ -214,5 +216,85 @@ JOB
   cp "$D/job.log" "$OUT/speed.log" 2>/dev/null
   exit 0
 fi
-echo "unknown mode $mode (probe | sweep | speed)" >&2
+if [ "$mode" = runs ]; then
+  # One background job (setsid), everything into $LOGS/runs:
+  #   the corpus, beside GPU_TESTS (';'-separated groups, one GPU each: group i on GPU i-1 mod the GPU count); a
+  #   failed test stops the job there (runs on a wrong layer are not worth training); then every sweep of
+  #   RUNS_SWEEPS (';'-separated `NAME [--only KEY=V,...] [overrides]`) at once, each a local GPU pool over every
+  #   GPU (RUNS_WORKERS runs per GPU each). RECIPES_RESTORE: ','-separated run archives extracted into the runs
+  #   root first (an archive's top folder is its sweep group; RESTORE_AS=FROM:TO renames one group, e.g.
+  #   recipes_check:recipes). Each call waits up to RUNS_WAIT s, then packs every group's small files into
+  #   $OUT/<group>.tar.gz and the logs into $OUT/runs_logs.tar.gz.
+  D=$LOGS/runs
+  R=$D/runs
+  mkdir -p "$D" "$R"
+  if [ -f "$D/job.pid" ] && kill -0 "$(cat "$D/job.pid")" 2>/dev/null; then
+    stamp "the runs job is running (pid $(cat "$D/job.pid")); waiting"
+  elif [ ! -f "$D/job.done" ]; then
+    IFS=',' read -ra archives <<< "${RECIPES_RESTORE:-}"
+    for a in "${archives[@]}"; do [ -f "$a" ] && tar xzf "$a" -C "$R" && stamp "restored $a"; done
+    if [ -n "${RESTORE_AS:-}" ] && [ -d "$R/${RESTORE_AS%%:*}" ]; then
+      mkdir -p "$R/${RESTORE_AS#*:}" && mv "$R/${RESTORE_AS%%:*}"/llama* "$R/${RESTORE_AS#*:}/" \
+        && stamp "moved the runs of ${RESTORE_AS%%:*} into ${RESTORE_AS#*:}"
+    fi
+    for d in "$R"/*/*/; do [ -f "$d/summary.json" ] || rm -rf "$d"; done  # restored unfinished: start again
+    export D R PY RUNS_SWEEPS RUNS_WORKERS=${RUNS_WORKERS:-4} GPU_TESTS="${GPU_TESTS:-tests/kernels/test_recipe_linear.py;tests/quant/test_gpu_recipes.py \
+-k 'block_linear or trains';tests/kernels/test_fp8_block_linear.py tests/kernels/test_auto_backend.py tests/kernels/test_wiring.py}"
+    stamp "runs job: tests, then: $RUNS_SWEEPS"
+    cat > "$D/job.sh" <<'JOB'
+echo $$ > "$D/job.pid"
+st() { echo "== $(date -u +%H:%M:%S) $*" >> "$D/job.log"; }
+ngpu=$(nvidia-smi -L | wc -l)
+( "$PY" -m quartet.cli data prepare data=pycode > "$D/data_prepare.log" 2>&1; echo "exit $?" >> "$D/data_prepare.log" ) &
+data_pid=$!
+i=0; IFS=";" read -ra groups <<< "$GPU_TESTS"; pids=""
+for g in "${groups[@]}"; do
+  [ -n "${g// /}" ] || continue
+  i=$((i + 1)); st "tests $i on GPU $(( (i - 1) % ngpu )): $g"
+  ( echo "# pytest $g" > "$D/gpu_tests.$i.txt"
+    eval "CUDA_VISIBLE_DEVICES=$(( (i - 1) % ngpu )) timeout -k 10 ${TESTS_TIMEOUT:-900} \"\$PY\" -m pytest -q -p no:cacheprovider \
+      -rfE --tb=short --durations=5 $g" >> "$D/gpu_tests.$i.txt" 2>&1; echo "exit $? at $(date -u +%H:%M:%S)" >> "$D/gpu_tests.$i.txt" ) &
+  pids="$pids $!"
+done
+wait $pids; st "tests done"
+if grep -qhE "^(FAILED|ERROR)" "$D"/gpu_tests.*.txt 2>/dev/null || grep -qh "^exit [1-9]" "$D"/gpu_tests.*.txt 2>/dev/null; then
+  st "a GPU test failed: no runs (the job stops here)"; touch "$D/job.done"; exit 0
+fi
+wait $data_pid; st "corpus: $(tail -1 "$D/data_prepare.log")"
+j=0; IFS=";" read -ra sweeps <<< "$RUNS_SWEEPS"; pids=""
+for sw in "${sweeps[@]}"; do
+  [ -n "${sw// /}" ] || continue
+  j=$((j + 1)); st "sweep $j: quartet sweep $sw"
+  ( eval "\"\$PY\" -m quartet.cli sweep $sw --cluster local_gpu --runs-dir \"\$R\" cluster.workers_per_gpu=$RUNS_WORKERS" \
+      > "$D/sweep.$j.log" 2>&1; echo "exit $?" >> "$D/sweep.$j.log"; st "sweep $j $(tail -1 "$D/sweep.$j.log")" ) &
+  pids="$pids $!"
+done
+wait $pids
+touch "$D/job.done"; st "job done"
+JOB
+    setsid bash "$D/job.sh" < /dev/null > "$D/job.out" 2>&1 &
+    for _ in $(seq 50); do [ -s "$D/job.pid" ] && break; sleep 0.1; done
+  fi
+  t0=$(date +%s)
+  while [ ! -f "$D/job.done" ] && [ $(( $(date +%s) - t0 )) -lt "${RUNS_WAIT:-540}" ]; do
+    sleep 15
+    [ $(( ($(date +%s) - t0) % 120 )) -lt 15 ] && stamp "$(find "$R" -name summary.json | wc -l) runs finished"
+    if [ -f "$D/job.pid" ] && ! kill -0 "$(cat "$D/job.pid")" 2>/dev/null && [ ! -f "$D/job.done" ]; then
+      stamp "the runs job died"; break
+    fi
+  done
+  cat "$D/job.log" 2>/dev/null
+  for f in "$D"/gpu_tests.*.txt; do [ -f "$f" ] && stamp "$(head -1 "$f" | cut -c3-100): $(grep -E ' in [0-9.]+s' "$f" | tail -1 | cut -c1-120) $(tail -1 "$f")"; done
+  grep -hE "^(FAILED|ERROR)" "$D"/gpu_tests.*.txt 2>/dev/null | cut -c1-300 | head -40
+  for f in "$D"/sweep.*.log; do [ -f "$f" ] && grep -v "━" "$f" | grep -vE "^\s*$" | tail -3; done
+  stamp "$(find "$R" -name summary.json | wc -l) runs finished in all; $(find "$R" -name error.txt | wc -l) with error.txt"
+  for g in "$R"/*/; do
+    [ -d "$g" ] || continue
+    (cd "$R" && find "$(basename "$g")" -path '*/ckpt' -prune -o -path '*/wandb' -prune -o -type f \( -name '*.json' \
+        -o -name '*.jsonl' -o -name '*.yaml' -o -name '*.log' -o -name 'error.txt' \) -print | tar czf "$OUT/$(basename "$g").tar.gz" -T -)
+  done
+  (cd "$D" && tar czf "$OUT/runs_logs.tar.gz" --exclude=runs --exclude=job.pid .)
+  exit 0
+fi
+echo "unknown mode $mode (probe | sweep | speed | runs)" >&2
 exit 2

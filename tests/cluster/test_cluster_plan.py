@@ -95,6 +95,31 @@ def test_sweep_errors_are_one_line(tmp_path):
         load_sweep("no_such_sweep")
 
 
+def test_only_stages_a_sweep_with_the_full_sweeps_run_ids(tmp_path, capsys):
+    path = str(write_sweep(tmp_path))
+    full = make_plan(path, "local", [], str(tmp_path / "runs"), with_state=False)
+    ids = {r.point.values["budget.tokens_per_param"]: [] for r in full.runs}
+    for r in full.runs:
+        ids[r.point.values["budget.tokens_per_param"]].append((r.point.values["run.seed"], r.run_id))
+    # the include (tokens_per_param 3) is filtered as the grid is; run.seed 0 of that include comes from its point
+    stage = make_plan(path, "local", ["sweep.only.budget.tokens_per_param=[2,3]"], str(tmp_path / "runs"),
+                      with_state=False)
+    assert sorted(r.run_id for r in stage.runs) == sorted(i for _, i in ids[2] + ids[3])
+    # a key that only `fixed` sets is matched against fixed's value
+    none = load_sweep(path, ["only.model=[llama_tiny]"])
+    assert expand(none) == []
+    seed1 = make_plan(path, "local", ["sweep.only.run.seed=[1]"], str(tmp_path / "runs"), with_state=False)
+    assert [r.run_id for r in seed1.runs] == [i for s, i in ids[1] + ids[2] if s == 1]
+    # the CLI's --only, and its one line for a malformed item
+    assert sweep_main([path, "--cluster", "local", "--runs-dir", str(tmp_path / "runs"), "--dry-run",
+                       "--only", "budget.tokens_per_param=3"]) == 0
+    assert "1 runs: 1 new" in capsys.readouterr().out
+    assert sweep_main([path, "--cluster", "local", "--dry-run", "--only", "run.seed"]) == 2
+    assert "--only 'run.seed': expected KEY=V1,V2" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="only.model must be a non-empty list"):
+        load_sweep(path, ["only.model=llama_nano"])
+
+
 def test_sweep_overrides_and_routing(tmp_path):
     sweep, cluster, run = split_overrides(["sweep.axes.run.seed=[5]", "cluster.partition=gpu", "optim.lr=0.01"])
     assert sweep == ["axes.run.seed=[5]"] and cluster == ["partition=gpu"] and run == ["optim.lr=0.01"]
