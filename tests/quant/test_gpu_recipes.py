@@ -92,8 +92,12 @@ def forward_drift_bound(name: str) -> float:
     """How far a correct fast forward may sit from the (matched) oracle: 1% of its norm, or 1.5x the oracle's own
     drift under a reordered sum where that is larger (benchmarks/oracle_sensitivity.py: 0.1-0.3% for most recipes,
     2% for quartet, whose first layer puts a fifth of its outputs exactly on bf16 ties), or a documented rounding of
-    the fused layer (:data:`ROUNDED_FORWARD`)."""
-    return max(1e-2, ROUNDED_FORWARD.get(name, 0.0), 1.5 * PAIR.measure(name, draws=3, noise=1e-5)["reordered_max"])
+    the fused layer (:data:`ROUNDED_FORWARD`, which a forward-only variant shares with its recipe)."""
+    from quartet.quant.schemes import HALF_VARIANTS
+
+    recipe, half = HALF_VARIANTS.get(name, (name, "both"))
+    rounded = ROUNDED_FORWARD.get(recipe, 0.0) if half in ("both", "fwd") else 0.0  # a _bwd's forward is BF16
+    return max(1e-2, rounded, 1.5 * PAIR.measure(name, draws=3, noise=1e-5)["reordered_max"])
 
 
 @pytest.mark.parametrize("name", _recipes() + _variants())
