@@ -96,7 +96,7 @@ def forward_drift_bound(name: str) -> float:
     from quartet.quant.schemes import HALF_VARIANTS
 
     recipe, half = HALF_VARIANTS.get(name, (name, "both"))
-    rounded = ROUNDED_FORWARD.get(recipe, 0.0) if half in ("both", "fwd") else 0.0  # a _bwd's forward is BF16
+    rounded = ROUNDED_FORWARD.get(recipe, 0.0) if half != "backward" else 0.0  # a _bwd's forward is BF16
     return max(1e-2, rounded, 1.5 * PAIR.measure(name, draws=3, noise=1e-5)["reordered_max"])
 
 
