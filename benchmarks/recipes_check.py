@@ -2,8 +2,9 @@
 
 sweeps/recipes_check.yaml re-trains the recipe table's 7.1M D/N 5 cell (three seeds) of every recipe whose GPU path
 is the fused recipe layer or the FP8 tile kernel, with the table's exact configs (same run ids). This script pairs
-each re-trained run with the table's run of the same id (benchmarks/results/recipes/losses.csv, trained on the
-compiled oracle path) and judges the difference against the table's own seed noise:
+each re-trained run with the table's run of the same id as first trained on the compiled oracle path
+(benchmarks/results/recipes/compiled_losses.csv; the table itself now holds the fast paths' runs) and judges the
+difference against the table's own seed noise:
 
   delta_s   = L_fast(recipe, seed s) - L_table(recipe, seed s)      (the bf16 run of seed s cancels out of the
                                                                       difference of the two paired gaps)
@@ -101,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", type=Path, default=RESULTS / "check_runs.tar.gz",
                    help="the re-trained runs: a runs folder or a .tar.gz of one (default: the committed archive)")
-    p.add_argument("--table", type=Path, default=RESULTS / "losses.csv", help="the recipe table's losses.csv")
+    p.add_argument("--table", type=Path, default=RESULTS / "compiled_losses.csv",
+                   help="the compiled runs' losses.csv (default: the recipe table as trained on `compiled`)")
     p.add_argument("--out", type=Path, default=RESULTS, help="where check.json and check.md go")
     args = p.parse_args(argv)
     fast = load_check_runs(args.runs)

@@ -18,7 +18,7 @@ def check():
 
 @pytest.fixture(scope="module")
 def committed(check):
-    return check.load_check_runs(RECIPES / "check_runs.tar.gz"), load_table(RECIPES / "losses.csv")
+    return check.load_check_runs(RECIPES / "check_runs.tar.gz"), load_table(RECIPES / "compiled_losses.csv")
 
 
 def test_committed_check_pairs_every_run_with_the_tables_run_of_its_id(check, committed):
