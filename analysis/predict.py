@@ -148,6 +148,22 @@ def forecast(fit: LawFit, pts: list[Point], precisions: list[str] | None = None,
     return rows
 
 
+def gap_forecast(fit: LawFit, pt: Point, precision: str, level: float = 0.95) -> dict:
+    """The gap L(precision) − L(base) the law forecasts at ``pt``, with the 2.5–97.5 percentile range of the same
+    difference over the bootstrap's refits (each refit's base law and efficiencies: the paired quantity a same-seed
+    pair of runs measures, so the base law's shared uncertainty cancels out of it as it does out of the pair)."""
+    if precision != BASE_LABEL and precision not in fit.effs:
+        raise AnalysisError(f"precision {precision!r} is not in the fit; have: {', '.join(fit.precisions)}")
+    en, ed = (1.0, 1.0) if precision == BASE_LABEL else fit.effs[precision][:2]
+    gap = float(predict(fit.params, pt.n_params, pt.tokens, en, ed) - predict(fit.params, pt.n_params, pt.tokens))
+    vals = np.array([float(predict(p, pt.n_params, pt.tokens, *e[precision]) - predict(p, pt.n_params, pt.tokens))
+                     for p, e in fit.draws if precision in e] if precision != BASE_LABEL else [0.0] * len(fit.draws))
+    vals = vals[np.isfinite(vals)]
+    q = (100 * (1 - level) / 2, 100 * (1 + level) / 2)
+    interval = tuple(float(v) for v in np.percentile(vals, q)) if len(vals) >= MIN_DRAWS else None
+    return {"precision": precision, "gap": gap, "interval": interval, "draws": int(len(vals)), "level": level}
+
+
 def extrapolation(base_range: dict, pt: Point) -> str:
     """'' inside the base runs' N and D/N ranges, else what lies outside (e.g. 'N 2.4x above the largest fitted')."""
     notes = []
