@@ -8,6 +8,7 @@ import pytest
 
 from analysis.laws import predict
 from analysis.predict import LawFit, Point, gap_forecast
+from tests.analysis.committed_fits import assert_refit_agrees, refit
 from tests.repo_scripts import REPO, load_script
 
 HALVES = REPO / "benchmarks" / "results" / "halves"
@@ -75,3 +76,12 @@ def test_compare_judges_each_cell_by_its_paired_gap(script):
     assert out["cells"][0]["gap_inside"] is False and out["cells"][1]["gap_inside"] is None
     assert out["gaps_judged"] == len(f["cells"]) - 1
     assert "| llama_20m |" in script.render_compare(out)
+
+
+@pytest.mark.slow
+def test_quartet_fit_reproduces_the_forecasts_fit(tmp_path):
+    """`quartet fit benchmarks/results/halves/losses.csv --bootstrap 200` gives forecast_fit.json again, as far as
+    docs/analysis.md's "Reproducibility of refits" says a refit on any machine does."""
+    saved = json.loads((HALVES / "forecast_fit.json").read_text())
+    got = refit(HALVES / "losses.csv", tmp_path / "fit.json", saved, "--bootstrap", "200")
+    assert_refit_agrees(got, saved, "halves")
