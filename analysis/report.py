@@ -202,6 +202,21 @@ class FitReport:
         return text
 
 
+def update_marked_block(page: str | Path, name: str, text: str) -> bool:
+    """Put ``text`` between the page's ``<!-- NAME: begin -->`` and ``<!-- NAME: end -->`` markers (a table a
+    script writes into a docs page); False, the page unchanged, when the page or a marker is missing."""
+    page = Path(page)
+    begin, end = f"<!-- {name}: begin -->", f"<!-- {name}: end -->"
+    if not page.is_file():
+        return False
+    body = page.read_text()
+    i, j = body.find(begin), body.find(end)
+    if i < 0 or j < i:
+        return False
+    page.write_text(body[: i + len(begin)] + "\n" + text + body[j:])
+    return True
+
+
 def read_fit_json(path: str | Path) -> dict:
     """A fit JSON written by :meth:`FitReport.to_json` (``quartet fit --json``), as a dict; AnalysisError (one line
     saying what is wrong) when it cannot be read, is not JSON, is not a fit JSON, or has no or another

@@ -32,11 +32,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from analysis.ladder import cell_gaps, seed_noise, sign_test  # noqa: E402
+from analysis.report import update_marked_block  # noqa: E402
 from quartet.paths import STATE, SUMMARY  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results" / "recipes"
 DOCS = REPO / "docs" / "recipes.md"
-BEGIN, END = "<!-- recipes_table.py: begin -->", "<!-- recipes_table.py: end -->"
+#: the docs page's block this script writes: between <!-- recipes_table.py: begin --> and <!-- ...: end -->
+PAGE_BLOCK = "recipes_table.py"
 BASE = "bf16"
 #: recipe pairs that published work orders (docs/recipes.md): the first's loss minus the second's, paired by seed
 HEAD_TO_HEAD = (("quartet2", "nvfp4_recipe"), ("quartet", "quartet_sr"), ("quartet", "luq_int4"), ("mxfp8", "fp8"))
@@ -182,18 +184,6 @@ def markdown(rows, cells, gaps, fit, speed, h2h, summaries, failed) -> str:
     return "\n".join(out) + "\n"
 
 
-def update_page(page: Path, table: str) -> bool:
-    """Put ``table`` between the page's markers; False (page unchanged) when the page or a marker is missing."""
-    if not page.is_file():
-        return False
-    text = page.read_text()
-    i, j = text.find(BEGIN), text.find(END)
-    if i < 0 or j < i:
-        return False
-    page.write_text(text[: i + len(BEGIN)] + "\n" + table + text[j:])
-    return True
-
-
 def figure(gaps, fit, order, out: Path) -> Path:
     import matplotlib
 
@@ -266,7 +256,7 @@ def main(argv=None) -> int:
                    "recipe_speed.json and runs.tar.gz (default benchmarks/results/recipes)")
     p.add_argument("--out", type=Path, default=None, help="where table.md and recipes.png go (default: --results)")
     p.add_argument("--docs", default=str(DOCS.relative_to(REPO)), help="a page whose block between the markers "
-                   f"{BEGIN!r} and {END!r} becomes table.md (default docs/recipes.md; '' leaves pages alone)")
+                   f"'<!-- {PAGE_BLOCK}: begin -->' and '<!-- {PAGE_BLOCK}: end -->' becomes table.md (default docs/recipes.md; '' leaves pages alone)")
     args = p.parse_args(argv)
     res, out = args.results, args.out or args.results
     gaps = pd.read_csv(res / "gaps.csv")
@@ -289,7 +279,7 @@ def main(argv=None) -> int:
     print(f"wrote {out / 'table.md'} and {fig}")
     if args.docs:
         page = Path(args.docs) if Path(args.docs).is_absolute() else REPO / args.docs
-        if update_page(page, (out / "table.md").read_text()):
+        if update_marked_block(page, PAGE_BLOCK, (out / "table.md").read_text()):
             print(f"updated the table in {page}")
     return 0
 

@@ -12,6 +12,7 @@ from committed_fits import assert_refit_agrees, refit
 
 from analysis.ladder import cell_gaps, loss_table, sign_test
 from analysis.load import load_table
+from analysis.report import update_marked_block
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPES = REPO / "benchmarks" / "results" / "recipes"
@@ -41,7 +42,8 @@ def test_the_script_rewrites_the_committed_table_and_the_docs_block(recipes_tabl
     assert table == (RECIPES / "table.md").read_text()
     assert (tmp_path / "recipes.png").stat().st_size > 10_000
     page = (REPO / "docs" / "recipes.md").read_text()
-    block = page[page.index(mod.BEGIN) + len(mod.BEGIN) + 1: page.index(mod.END)]
+    begin, end = f"<!-- {mod.PAGE_BLOCK}: begin -->", f"<!-- {mod.PAGE_BLOCK}: end -->"
+    block = page[page.index(begin) + len(begin) + 1: page.index(end)]
     assert block == table
     # one row per recipe, bf16 first; every sign count is the ladder's
     first = table.split("\n\n")[1]  # the recipe table (the comment line comes first)
@@ -53,16 +55,16 @@ def test_the_script_rewrites_the_committed_table_and_the_docs_block(recipes_tabl
         assert f"{signs.loc[name, 'worse_than_base']}/{signs.loc[name, 'cells']} (p " in row, name
 
 
-def test_update_page_replaces_only_between_the_markers(recipes_table, tmp_path):
-    mod = recipes_table
+def test_update_marked_block_replaces_only_between_the_markers(tmp_path):
+    begin, end = "<!-- t.py: begin -->", "<!-- t.py: end -->"
     page = tmp_path / "p.md"
-    page.write_text(f"intro\n{mod.BEGIN}\nold\n{mod.END}\nrest\n")
-    assert mod.update_page(page, "new\n")
-    assert page.read_text() == f"intro\n{mod.BEGIN}\nnew\n{mod.END}\nrest\n"
+    page.write_text(f"intro\n{begin}\nold\n{end}\nrest\n")
+    assert update_marked_block(page, "t.py", "new\n")
+    assert page.read_text() == f"intro\n{begin}\nnew\n{end}\nrest\n"
     plain = tmp_path / "q.md"
     plain.write_text("no markers\n")
-    assert not mod.update_page(plain, "new\n") and plain.read_text() == "no markers\n"
-    assert not mod.update_page(tmp_path / "missing.md", "new\n")
+    assert not update_marked_block(plain, "t.py", "new\n") and plain.read_text() == "no markers\n"
+    assert not update_marked_block(tmp_path / "missing.md", "t.py", "new\n")
 
 
 def test_head_to_head_is_the_ladder_with_the_second_recipe_as_base(recipes_table):
