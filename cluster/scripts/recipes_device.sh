@@ -224,10 +224,17 @@ if [ "$mode" = runs ]; then
   #   GPU (RUNS_WORKERS runs per GPU each). RECIPES_RESTORE: ','-separated run archives extracted into the runs
   #   root first (an archive's top folder is its sweep group; RESTORE_AS=FROM:TO renames one group, e.g.
   #   recipes_check:recipes). Each call waits up to RUNS_WAIT s, then packs every group's small files into
-  #   $OUT/<group>.tar.gz and the logs into $OUT/runs_logs.tar.gz.
+  #   $OUT/<group>.tar.gz and the logs into $OUT/runs_logs.tar.gz. A call that names RUNS_SWEEPS (or GPU_TESTS)
+  #   other than a finished job's starts a new job on the same runs root (the next stage in the same lease); a call
+  #   without them only waits for, or reports, the last one.
   D=$LOGS/runs
   R=$D/runs
   mkdir -p "$D" "$R"
+  spec="sweeps: ${RUNS_SWEEPS:-} | tests: ${GPU_TESTS:-}"
+  if [ -f "$D/job.done" ] && [ -n "${RUNS_SWEEPS:-}${GPU_TESTS:-}" ] && [ "$spec" != "$(cat "$D/job.spec" 2>/dev/null)" ]; then
+    stamp "the last job ($(cat "$D/job.spec" 2>/dev/null)) is done: a new job"
+    mkdir -p "$D/earlier" && for f in "$D"/job.* "$D"/gpu_tests.* "$D"/sweep.*; do [ -f "$f" ] && mv "$f" "$D/earlier/"; done
+  fi
   if [ -f "$D/job.pid" ] && kill -0 "$(cat "$D/job.pid")" 2>/dev/null; then
     stamp "the runs job is running (pid $(cat "$D/job.pid")); waiting"
   elif [ ! -f "$D/job.done" ]; then
@@ -240,6 +247,7 @@ if [ "$mode" = runs ]; then
     for d in "$R"/*/*/; do [ -f "$d/summary.json" ] || rm -rf "$d"; done  # restored unfinished: start again
     export D R PY RUNS_SWEEPS RUNS_WORKERS=${RUNS_WORKERS:-4} GPU_TESTS="${GPU_TESTS:-tests/kernels/test_recipe_linear.py;tests/quant/test_gpu_recipes.py \
 -k 'block_linear or trains';tests/kernels/test_fp8_block_linear.py tests/kernels/test_auto_backend.py tests/kernels/test_wiring.py}"
+    echo "$spec" > "$D/job.spec"
     stamp "runs job: tests, then: $RUNS_SWEEPS"
     cat > "$D/job.sh" <<'JOB'
 echo $$ > "$D/job.pid"
@@ -256,7 +264,8 @@ for g in "${groups[@]}"; do
       -rfE --tb=short --durations=5 $g" >> "$D/gpu_tests.$i.txt" 2>&1; echo "exit $? at $(date -u +%H:%M:%S)" >> "$D/gpu_tests.$i.txt" ) &
   pids="$pids $!"
 done
-wait $pids; st "tests done"
+[ -n "$pids" ] && wait $pids  # (a bare wait would wait for the corpus too)
+st "tests done"
 if grep -qhE "^(FAILED|ERROR)" "$D"/gpu_tests.*.txt 2>/dev/null || grep -qh "^exit [1-9]" "$D"/gpu_tests.*.txt 2>/dev/null; then
   st "a GPU test failed: no runs (the job stops here)"; touch "$D/job.done"; exit 0
 fi
