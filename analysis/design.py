@@ -263,6 +263,15 @@ def noise_model(df: pd.DataFrame, report) -> NoiseModel:
 
 
 # ------------------------------------------------------------------------------------------------ cost
+def _shown(path) -> str:
+    """A path as a plan shows it: relative to the working directory where it lies under it (a plan written in one
+    checkout reads the same in another)."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
 @dataclass(frozen=True)
 class StepSpeeds:
     """Measured step times: ``{recipe: [(n_params, tokens_per_step, step_ms, compile_s), ...]}`` and where from."""
@@ -292,7 +301,7 @@ class StepSpeeds:
         if not rows:
             raise AnalysisError(f"no step times in {', '.join(map(str, paths))}")
         return cls({k: sorted(v) for k, v in rows.items()}, " / ".join(sorted(devices - {""})),
-                   tuple(str(p) for p in paths))
+                   tuple(_shown(p) for p in paths))
 
     def step_ms(self, recipe: str, n_params: float, tokens_per_step: int) -> float:
         """Step time of ``recipe`` at a size: linear in the FLOPs of a step (6 N T) through its measured points."""
