@@ -527,12 +527,13 @@ def print_forecast(fit, rows: list[dict], console=None) -> None:
 
     console = console or (Console() if sys.stdout.isatty() else Console(width=150))
     t = Table(title=f"Forecast from {fit.source or 'the fit'} ({len(fit.draws)} bootstrap refits)", title_justify="left")
-    for col in ("model", "N", "D", "D/N", "precision", "loss", "95% interval", "fit status"):
+    for col in ("model", "N", "D", "D/N", "precision", "loss", "95% interval", "gap to base [95%]", "fit status"):
         t.add_column(col, justify="left" if col in ("model", "precision", "fit status") else "right")
     for r in rows:
-        iv = r["interval"]
+        iv, giv = r["interval"], r["gap_interval"]
+        gap = f"{r['gap']:+.4f}" + (f" [{giv[0]:+.4f}, {giv[1]:+.4f}]" if giv else "")
         t.add_row(r["model"] or "-", f"{r['n_params']:.4g}", f"{r['tokens']:.4g}", f"{r['ratio']:.3g}", r["precision"],
-                  f"{r['loss']:.4f}", f"[{iv[0]:.4f}, {iv[1]:.4f}]" if iv else "-", r["status"])
+                  f"{r['loss']:.4f}", f"[{iv[0]:.4f}, {iv[1]:.4f}]" if iv else "-", gap, r["status"])
     console.print(t)
     if any(r["interval"] is None for r in rows):
         console.print("no interval where the fit has fewer than 10 bootstrap refits: fit with --bootstrap N "

@@ -122,7 +122,8 @@ def points(models=(), ns=(), dns=(), tokens=(), model_point=None) -> list[Point]
 
 def forecast(fit: LawFit, pts: list[Point], precisions: list[str] | None = None, level: float = 0.95) -> list[dict]:
     """One row per (point, precision): the fitted law's loss and its bootstrap interval (None without enough
-    refits), the efficiencies used, the fit's status for that precision and whether the point extrapolates."""
+    refits), the gap to the base and its interval (:func:`gap_forecast`), the efficiencies used, the fit's status for
+    that precision and whether the point extrapolates."""
     precisions = list(precisions or fit.precisions)
     unknown = [p for p in precisions if p != BASE_LABEL and p not in fit.effs]
     if unknown:
@@ -141,8 +142,10 @@ def forecast(fit: LawFit, pts: list[Point], precisions: list[str] | None = None,
             vals = np.array([float(predict(p, pt.n_params, pt.tokens, *e)) for p, e in draws])
             vals = vals[np.isfinite(vals)]
             interval = tuple(float(v) for v in np.percentile(vals, q)) if len(vals) >= MIN_DRAWS else None
+            gap = gap_forecast(fit, pt, prec, level)
             rows.append({"precision": prec, "model": pt.model, "n_params": pt.n_params, "tokens": pt.tokens,
                          "ratio": pt.ratio, "loss": loss, "interval": interval, "level": level, "draws": int(len(vals)),
+                         "gap": gap["gap"], "gap_interval": gap["interval"],
                          "eff_n": en, "eff_d": ed, "status": status, "message": message,
                          "extrapolation": extrapolation(fit.base_range, pt)})
     return rows

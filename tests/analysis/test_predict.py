@@ -85,9 +85,15 @@ def test_predict_on_the_committed_ladder_fit(capsys):
         lo, hi = r["interval"]
         assert r["n_params"] == 49_556_736 and lo < r["loss"] < hi and r["draws"] >= 150
         assert "N 2.42x above the largest fitted" in r["extrapolation"]
+    # the gap to bf16: the two losses' difference, with the refits' range of the paired difference (narrower than
+    # either loss's own range: the base law's shared uncertainty cancels)
+    bf16, quartet = rows
+    assert bf16["gap"] == 0 and quartet["gap"] == pytest.approx(quartet["loss"] - bf16["loss"])
+    glo, ghi = quartet["gap_interval"]
+    assert 0 < glo < quartet["gap"] < ghi and ghi - glo < quartet["interval"][1] - quartet["interval"][0]
     assert predict_main([str(LADDER / "fit.json"), "--model", "llama_50m", "--dn", "5"]) == 0
     out = capsys.readouterr().out
-    assert "llama_50m" in out and "quartet" in out and "fp8" in out and "extrapolation" in out
+    assert "llama_50m" in out and "quartet" in out and "fp8" in out and "extrapolation" in out and "gap to base" in out
 
 
 def test_predict_fits_a_table_with_bootstrap(capsys, tmp_path):
