@@ -4,7 +4,8 @@ own gap against what the two predict together, and the break-even speedup agains
 Reads a fit JSON of the forward-only / backward-only runs (`quartet fit --bootstrap N --json`, default
 benchmarks/results/halves/fit.json, else the forecast's fit), benchmarks/results/recipes/speed_200m.json (each
 recipe's llama_200m step on one H200 on the path `auto` picks) and writes table.md beside the fit and between the
-markers `<!-- halves_table.py: begin -->` / `<!-- halves_table.py: end -->` of docs/recipes.md.
+markers `<!-- halves_table.py: begin -->` / `<!-- halves_table.py: end -->` of docs/recipes.md, and halves.png (the
+efficiencies beside the joint fit of each recipe's own runs, benchmarks/results/recipes/fit.json).
 
 Per recipe: each efficiency with its `base fixed` 95% interval (the base law held at its fit, as the papers report
 theirs) and the verdict (analysis.verdict: pinned = off the bounds and narrower than the stated width); the
@@ -31,6 +32,7 @@ from analysis.speed import breakeven_speedup  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results" / "halves"
 SPEED = REPO / "benchmarks" / "results" / "recipes" / "speed_200m.json"
+JOINT_FIT = REPO / "benchmarks" / "results" / "recipes" / "fit.json"
 DOCS = REPO / "docs" / "recipes.md"
 PAGE_BLOCK = "halves_table.py"
 BASE = "bf16"
@@ -106,6 +108,59 @@ def markdown(table: list[dict], fit: dict, fit_name: str, speed: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+def figure(table: list[dict], fit: dict, joint_fit: dict | None, out: Path) -> Path:
+    """effN from the forward-only runs and effD from the backward-only runs per recipe (base-fixed interval thick,
+    full interval thin), beside the joint fit of the recipe's own runs (open, grey: the recipe table's fit)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+
+    halves = {e["scheme"]: e for e in fit["efficiencies"] if e.get("kind") in ("forward", "backward")}
+    joint = {e["scheme"]: e for e in (joint_fit or {}).get("efficiencies", [])}
+    recipes = [r["recipe"] for r in table if r["eff_n"] is not None or r["eff_d"] is not None]
+    y = {p: len(recipes) - 1 - i for i, p in enumerate(recipes)}
+    fig, axes = plt.subplots(1, 2, figsize=(11, 0.6 * len(recipes) + 2.2), sharey=True)
+    for ax, key, half, title, color in ((axes[0], "eff_n", "_fwd", "(a) effN from forward-only runs", "#1f77b4"),
+                                        (axes[1], "eff_d", "_bwd", "(b) effD from backward-only runs", "#c44e52")):
+        for p in recipes:
+            e = halves.get(p + half)
+            if e is not None:
+                full, fixed = e.get(f"{key}_interval"), e.get(f"{key}_interval_{KIND}")
+                if full:
+                    ax.plot(full, [y[p] + 0.1] * 2, color=color, lw=1.0, zorder=2)
+                if fixed:
+                    ax.plot(fixed, [y[p] + 0.1] * 2, color=color, lw=4, alpha=0.45, solid_capstyle="butt", zorder=2)
+                pinned = (e.get("verdicts") or {}).get(key, {}).get(KIND) == "pinned"
+                ax.plot(e[key], y[p] + 0.1, "o", ms=7, color=color, mfc=color if pinned else "white", zorder=3)
+            j = joint.get(p)
+            if j is not None:
+                lo, hi = j.get(f"{key}_interval") or (j[key], j[key])
+                ax.plot([lo, hi], [y[p] - 0.15] * 2, color="0.6", lw=1.0, zorder=1)
+                ax.plot(j[key], y[p] - 0.15, "s", ms=5, color="0.6", mfc="white", zorder=1)
+        ax.axvline(1, color="0.3", lw=0.8)
+        ax.set_xscale("log")
+        ax.set_xlim(0.03, 5)
+        ax.set_title(title, fontsize=11)
+        ax.grid(axis="x", alpha=0.3)
+        for p in recipes:
+            ax.axhline(y[p] - 0.5, color="0.9", lw=0.6, zorder=0)
+    axes[0].set_yticks([y[p] for p in recipes], recipes)
+    axes[0].set_ylim(-0.6, len(recipes) - 0.4)
+    for ax in axes:
+        ax.set_xlabel("efficiency (95% bootstrap interval)")
+    handles = [Line2D([], [], color="0.3", lw=4, alpha=0.45, label="base fixed 95%"),
+               Line2D([], [], color="0.3", lw=1, label="full 95% (base law refitted)"),
+               Line2D([], [], color="0.3", marker="o", ls="", label="filled: pinned (off the bounds, < 0.3 wide)"),
+               Line2D([], [], color="0.6", marker="s", mfc="white", ls="-", label="joint fit of the recipe's own runs (recipe table, every rung)")]
+    fig.legend(handles=handles, loc="lower center", ncol=2, fontsize=9, frameon=False)
+    fig.tight_layout(rect=(0, 0.12, 1, 1))
+    fig.savefig(out, dpi=130)
+    plt.close(fig)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--fit", type=Path, default=None,
@@ -113,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--speed", type=Path, default=SPEED, help="ladder_speed.py JSON of every recipe's step")
     p.add_argument("--out", type=Path, default=None, help="where table.md goes (default: beside the fit)")
     p.add_argument("--docs", default=str(DOCS), help="page whose halves_table.py block becomes table.md ('' leaves it)")
+    p.add_argument("--joint-fit", type=Path, default=JOINT_FIT,
+                   help="the recipe table's fit, drawn beside the halves' efficiencies in halves.png")
     args = p.parse_args(argv)
     fit_path = args.fit or next(f for f in (RESULTS / "fit.json", RESULTS / "forecast_fit.json") if f.is_file())
     fit, speed = json.loads(fit_path.read_text()), json.loads(args.speed.read_text())
@@ -121,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or fit_path.parent
     out.mkdir(parents=True, exist_ok=True)
     (out / "table.md").write_text(md)
+    joint = json.loads(args.joint_fit.read_text()) if args.joint_fit and args.joint_fit.is_file() else None
+    figure(rows(fit, speed), fit, joint, out / "halves.png")
     if args.docs and update_marked_block(args.docs, PAGE_BLOCK, md):
         print(f"updated the table in {args.docs}")
     print(md, end="")

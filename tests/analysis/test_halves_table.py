@@ -19,6 +19,7 @@ def table():
 def test_committed_table_is_what_the_script_writes_and_the_page_shows(table, tmp_path):
     assert table.main(["--out", str(tmp_path), "--docs", ""]) == 0
     written = (tmp_path / "table.md").read_text()
+    assert (tmp_path / "halves.png").stat().st_size > 10_000
     assert written == (HALVES / "table.md").read_text()
     page = (REPO / "docs" / "recipes.md").read_text()
     begin, end = f"<!-- {table.PAGE_BLOCK}: begin -->", f"<!-- {table.PAGE_BLOCK}: end -->"
