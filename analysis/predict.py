@@ -128,43 +128,50 @@ def forecast(fit: LawFit, pts: list[Point], precisions: list[str] | None = None,
     unknown = [p for p in precisions if p != BASE_LABEL and p not in fit.effs]
     if unknown:
         raise AnalysisError(f"precision {unknown[0]!r} is not in the fit; have: {', '.join(fit.precisions)}")
-    q = (100 * (1 - level) / 2, 100 * (1 + level) / 2)
     rows = []
     for pt in pts:
         for prec in precisions:
             if prec == BASE_LABEL:
                 en, ed, status, message = 1.0, 1.0, fit.base_status, fit.base_message
-                draws = [(params, (1.0, 1.0)) for params, _ in fit.draws]
             else:
                 en, ed, status, message = fit.effs[prec]
-                draws = [(params, effs[prec]) for params, effs in fit.draws if prec in effs]
+            refit_loss, refit_base = _refit_losses(fit, pt, prec)
             loss = float(predict(fit.params, pt.n_params, pt.tokens, en, ed))
-            vals = np.array([float(predict(p, pt.n_params, pt.tokens, *e)) for p, e in draws])
-            vals = vals[np.isfinite(vals)]
-            interval = tuple(float(v) for v in np.percentile(vals, q)) if len(vals) >= MIN_DRAWS else None
-            gap = gap_forecast(fit, pt, prec, level)
+            gap = loss - float(predict(fit.params, pt.n_params, pt.tokens))
+            vals = refit_loss[np.isfinite(refit_loss)]
             rows.append({"precision": prec, "model": pt.model, "n_params": pt.n_params, "tokens": pt.tokens,
-                         "ratio": pt.ratio, "loss": loss, "interval": interval, "level": level, "draws": int(len(vals)),
-                         "gap": gap["gap"], "gap_interval": gap["interval"],
+                         "ratio": pt.ratio, "loss": loss, "interval": _percentiles(vals, level), "level": level,
+                         "draws": int(len(vals)), "gap": gap,
+                         "gap_interval": _percentiles(refit_loss - refit_base, level),
                          "eff_n": en, "eff_d": ed, "status": status, "message": message,
                          "extrapolation": extrapolation(fit.base_range, pt)})
     return rows
+
+
+def _refit_losses(fit: LawFit, pt: Point, precision: str) -> tuple[np.ndarray, np.ndarray]:
+    """The loss of ``precision`` and of the base at ``pt`` under each bootstrap refit that has the precision
+    (aligned: the same refit's base law for both)."""
+    pairs = [(float(predict(p, pt.n_params, pt.tokens, *((1.0, 1.0) if precision == BASE_LABEL else e[precision]))),
+              float(predict(p, pt.n_params, pt.tokens)))
+             for p, e in fit.draws if precision == BASE_LABEL or precision in e]
+    arr = np.array(pairs, dtype=float).reshape(-1, 2)
+    return arr[:, 0], arr[:, 1]
+
+
+def _percentiles(vals: np.ndarray, level: float):
+    """The central ``level`` range of the finite ``vals``; None with fewer than :data:`MIN_DRAWS` of them."""
+    vals = vals[np.isfinite(vals)]
+    q = (100 * (1 - level) / 2, 100 * (1 + level) / 2)
+    return tuple(float(v) for v in np.percentile(vals, q)) if len(vals) >= MIN_DRAWS else None
 
 
 def gap_forecast(fit: LawFit, pt: Point, precision: str, level: float = 0.95) -> dict:
     """The gap L(precision) − L(base) the law forecasts at ``pt``, with the 2.5–97.5 percentile range of the same
     difference over the bootstrap's refits (each refit's base law and efficiencies: the paired quantity a same-seed
     pair of runs measures, so the base law's shared uncertainty cancels out of it as it does out of the pair)."""
-    if precision != BASE_LABEL and precision not in fit.effs:
-        raise AnalysisError(f"precision {precision!r} is not in the fit; have: {', '.join(fit.precisions)}")
-    en, ed = (1.0, 1.0) if precision == BASE_LABEL else fit.effs[precision][:2]
-    gap = float(predict(fit.params, pt.n_params, pt.tokens, en, ed) - predict(fit.params, pt.n_params, pt.tokens))
-    vals = np.array([float(predict(p, pt.n_params, pt.tokens, *e[precision]) - predict(p, pt.n_params, pt.tokens))
-                     for p, e in fit.draws if precision in e] if precision != BASE_LABEL else [0.0] * len(fit.draws))
-    vals = vals[np.isfinite(vals)]
-    q = (100 * (1 - level) / 2, 100 * (1 + level) / 2)
-    interval = tuple(float(v) for v in np.percentile(vals, q)) if len(vals) >= MIN_DRAWS else None
-    return {"precision": precision, "gap": gap, "interval": interval, "draws": int(len(vals)), "level": level}
+    row = forecast(fit, [pt], [precision], level)[0]
+    return {"precision": precision, "gap": row["gap"], "interval": row["gap_interval"], "draws": row["draws"],
+            "level": level}
 
 
 def extrapolation(base_range: dict, pt: Point) -> str:
