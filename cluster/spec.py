@@ -171,6 +171,10 @@ def _check(spec: SweepSpec) -> None:
     for key, values in spec.only.items():
         if not isinstance(values, list) or not values:
             raise ConfigError(f"sweep {spec.name}: only.{key} must be a non-empty list, got {values!r}")
+    if spec.only and branch_mode(spec.branches) != "off":
+        # a stage would change each trunk (its warm-up and length come from the branches kept): other run ids
+        raise ConfigError(f"sweep {spec.name}: only (a stage) cannot be used with branches: the trunks would change; "
+                          f"stage a sweep without branches")
     for i, entry in enumerate(spec.exclude):
         if not isinstance(entry, dict) or not entry:
             raise ConfigError(f"sweep {spec.name}: exclude[{i}] must be a mapping of overrides, got {entry!r}")
@@ -202,9 +206,12 @@ def expand_named(spec: SweepSpec) -> tuple[list[RunPoint], list[str]]:
     runs: list[RunPoint] = []
     dropped: list[str] = []
     seen: dict[tuple[str, ...], RunPoint] = {}
+    matched: set[tuple[str, str]] = set()
     for values in points:
         merged = {**spec.fixed, **values}
-        if not all(any(_same(merged.get(k), v) for v in allowed) for k, allowed in spec.only.items()):
+        hits = {(k, _fmt(v)) for k, allowed in spec.only.items() for v in allowed if _same(merged.get(k), v)}
+        matched |= hits
+        if {k for k, _ in hits} != set(spec.only):
             continue
         overrides = tuple(f"{k}={_fmt(v)}" for k, v in merged.items())
         point = RunPoint(values=values, overrides=overrides)
@@ -213,6 +220,9 @@ def expand_named(spec: SweepSpec) -> tuple[list[RunPoint], list[str]]:
             continue
         seen[overrides] = point
         runs.append(point)
+    unmatched = [f"{k}={_fmt(v)}" for k, allowed in spec.only.items() for v in allowed if (k, _fmt(v)) not in matched]
+    if unmatched:  # a typo in a stage would silently drop what it names
+        raise ConfigError(f"sweep {spec.name}: only {', '.join(unmatched)} matches no run of the sweep")
     return runs, dropped
 
 

@@ -244,7 +244,9 @@ if [ "$mode" = runs ]; then
       mkdir -p "$R/${RESTORE_AS#*:}" && mv "$R/${RESTORE_AS%%:*}"/llama* "$R/${RESTORE_AS#*:}/" \
         && stamp "moved the runs of ${RESTORE_AS%%:*} into ${RESTORE_AS#*:}"
     fi
-    for d in "$R"/*/*/; do [ -f "$d/summary.json" ] || rm -rf "$d"; done  # restored unfinished: start again
+    # a restored run without a summary has no checkpoint here (archives hold none): it starts again; runs trained in
+    # this lease keep their checkpoints and resume
+    [ -n "${RECIPES_RESTORE:-}" ] && for d in "$R"/*/*/; do [ -f "$d/summary.json" ] || [ -d "$d/ckpt" ] || rm -rf "$d"; done
     export D R PY RUNS_SWEEPS RUNS_WORKERS=${RUNS_WORKERS:-4} GPU_TESTS="${GPU_TESTS:-tests/kernels/test_recipe_linear.py;tests/quant/test_gpu_recipes.py \
 -k 'block_linear or trains';tests/kernels/test_fp8_block_linear.py tests/kernels/test_auto_backend.py tests/kernels/test_wiring.py}"
     echo "$spec" > "$D/job.spec"

@@ -106,8 +106,9 @@ def test_only_stages_a_sweep_with_the_full_sweeps_run_ids(tmp_path, capsys):
                       with_state=False)
     assert sorted(r.run_id for r in stage.runs) == sorted(i for _, i in ids[2] + ids[3])
     # a key that only `fixed` sets is matched against fixed's value
-    none = load_sweep(path, ["only.model=[llama_tiny]"])
-    assert expand(none) == []
+    with pytest.raises(ConfigError, match="only model=llama_tiny matches no run"):
+        expand(load_sweep(path, ["only.model=[llama_tiny]"]))
+    assert len(expand(load_sweep(path, ["only.model=[llama_nano]"]))) == len(full.runs)
     seed1 = make_plan(path, "local", ["sweep.only.run.seed=[1]"], str(tmp_path / "runs"), with_state=False)
     assert [r.run_id for r in seed1.runs] == [i for s, i in ids[1] + ids[2] if s == 1]
     # the CLI's --only, and its one line for a malformed item
@@ -118,6 +119,11 @@ def test_only_stages_a_sweep_with_the_full_sweeps_run_ids(tmp_path, capsys):
     assert "--only 'run.seed': expected KEY=V1,V2" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="only.model must be a non-empty list"):
         load_sweep(path, ["only.model=llama_nano"])
+    # a value that matches no run is a typo, not an empty stage; branches' trunks would change under a stage
+    with pytest.raises(ConfigError, match="only run.seed=7 matches no run"):
+        expand(load_sweep(path, ["only.run.seed=[1,7]"]))
+    with pytest.raises(ConfigError, match="cannot be used with branches"):
+        load_sweep(path, ["only.run.seed=[1]", "branches=true"])
 
 
 def test_sweep_overrides_and_routing(tmp_path):
