@@ -520,7 +520,8 @@ def consistency(base: BaseFit, effs: list, groups, pairs, draws: dict | None = N
     (from the forward-only runs), ``eff_d`` (backward-only), ``cells``, ``observed_gap`` and ``predicted_gap`` (mean
     over the recipe's cells of L_obs − L(N, D) and L(N·effN, D·effD) − L(N, D), nats), ``discrepancy`` (their
     difference) with its 95% bootstrap ``interval`` (``draws``: pair -> per-resample discrepancies, base and halves
-    refitted on each) and ``verdict``: ``consistent`` (the interval holds 0), ``inconsistent``, or ``no interval``."""
+    refitted on each) and ``verdict``: ``not rejected`` (the interval holds 0: the data cannot tell the costs from multiplying, which is
+    weaker than showing they do), ``inconsistent``, or ``no interval``."""
     by_label = {e.scheme: e for e in effs}
     rows_of = {label: rows for label, *_, rows in groups}
     out = []
@@ -535,7 +536,7 @@ def consistency(base: BaseFit, effs: list, groups, pairs, draws: dict | None = N
         predicted = float(np.mean(predict(base.params, n, d, en, ed) - base_loss))
         vals = np.array([v for v in (draws or {}).get(name, []) if np.isfinite(v)])
         iv = tuple(float(x) for x in np.percentile(vals, [2.5, 97.5])) if len(vals) >= 10 else None
-        verdict_ = "no interval" if iv is None else ("consistent" if iv[0] <= 0.0 <= iv[1] else "inconsistent")
+        verdict_ = "no interval" if iv is None else ("not rejected" if iv[0] <= 0.0 <= iv[1] else "inconsistent")
         out.append({"recipe": name, "forward_only": f, "backward_only": b, "eff_n": float(en), "eff_d": float(ed),
                     "cells": int(len(rows)), "observed_gap": observed, "predicted_gap": predicted,
                     "discrepancy": observed - predicted, "interval": iv, "verdict": verdict_})

@@ -78,10 +78,34 @@ def test_compare_judges_each_cell_by_its_paired_gap(script):
     assert "| llama_20m |" in script.render_compare(out)
 
 
+def test_committed_comparison_is_the_forecast_against_the_committed_runs(script):
+    """compare.json is what `halves_forecast.py compare` gives on the committed forecast and losses, and it judged
+    every forecast cell (the 20.5M stage trained in full)."""
+    f = json.loads((HALVES / "forecast.json").read_text())
+    again = script.compare(f, script.load_table(HALVES / "losses.csv"))
+    committed = json.loads((HALVES / "compare.json").read_text())
+    assert again["gaps_judged"] == committed["gaps_judged"] == len(f["cells"])
+    assert again["gaps_inside"] == committed["gaps_inside"]
+    for a, b in zip(again["cells"], committed["cells"]):
+        assert a["gap"] == pytest.approx(b["gap"]) and a["gap_inside"] == b["gap_inside"]
+
+
 @pytest.mark.slow
 def test_quartet_fit_reproduces_the_forecasts_fit(tmp_path):
-    """`quartet fit benchmarks/results/halves/losses.csv --bootstrap 200` gives forecast_fit.json again, as far as
-    docs/analysis.md's "Reproducibility of refits" says a refit on any machine does."""
+    """`quartet fit` on the runs the forecast's fit read (its provenance's run ids: the stage before the 20.5M runs)
+    gives forecast_fit.json again, as far as docs/analysis.md's "Reproducibility of refits" says a refit does."""
     saved = json.loads((HALVES / "forecast_fit.json").read_text())
+    losses = pd.read_csv(HALVES / "losses.csv")
+    before = losses[losses["run_id"].isin(saved["provenance"]["input"]["run_ids"])]
+    assert len(before) == len(saved["provenance"]["input"]["run_ids"])
+    before.to_csv(tmp_path / "losses.csv", index=False)
+    got = refit(tmp_path / "losses.csv", tmp_path / "fit.json", saved, "--bootstrap", "200")
+    assert_refit_agrees(got, saved, "halves")
+
+
+@pytest.mark.slow
+def test_quartet_fit_reproduces_the_halves_fit(tmp_path):
+    """`quartet fit benchmarks/results/halves/losses.csv --bootstrap 200` (both stages) gives fit.json again."""
+    saved = json.loads((HALVES / "fit.json").read_text())
     got = refit(HALVES / "losses.csv", tmp_path / "fit.json", saved, "--bootstrap", "200")
     assert_refit_agrees(got, saved, "halves")

@@ -36,7 +36,7 @@ def _fit(**halves):
     return {"base": {"params": {"A": 300.0, "alpha": 0.4, "B": 2e5, "beta": 0.7, "E": 1.0, "gamma": 0.9},
                      "law": "busbridge", "status": "converged"},
             "efficiencies": effs, "headlines": [{"at_n": 2e7, "at_ratio": 20.0}],
-            "consistency": [{"recipe": "q", "observed_gap": 0.05, "predicted_gap": 0.04, "verdict": "consistent"}],
+            "consistency": [{"recipe": "q", "observed_gap": 0.05, "predicted_gap": 0.04, "verdict": "not rejected"}],
             "provenance": {"options": {"runs": 10, "pinned_width": 0.3}}}
 
 
@@ -50,7 +50,7 @@ def test_rows_combine_the_two_halves_and_judge_the_speed(table):
     assert rows["r"]["eff_n"] is None and rows["r"]["breakeven"] is None
     md = table.markdown(list(rows.values()), fit, "fit.json", speed)
     q_line = next(line for line in md.splitlines() if line.startswith("| `q`"))
-    assert "0.600 [0.50, 0.70] pinned" in q_line and "+0.050 / +0.040 (consistent)" in q_line
+    assert "0.600 [0.50, 0.70] pinned" in q_line and "+0.050 / +0.040 (not rejected)" in q_line
     assert q_line.endswith(f"| {rows['q']['breakeven']:.2f}× | 2.00× | yes |")
     assert "| `r` | not run | not run |" in md and "Not run: the halves of `r`" in md
     # a pay-off resting on an efficiency that is not pinned says so
