@@ -34,9 +34,9 @@ sizes on one GPU (by default the llama_7m and llama_200m rows of benchmarks/resu
 speed_200m.json, H200, fast paths, CUDA graphs); at another size the time is interpolated linearly in the FLOPs of
 a step, 6 x N x tokens per step, through the recipe's two measured points. Each run is costed as if alone on the GPU.
 
-**Search** (:func:`search`): greedy. A linearised width (the delta method on the log-loss fit, times sqrt(pi/2) for
-its near-L1 Huber loss) ranks moves — add a cell with one seed, or a seed to a chosen cell — by the reduction of the
-log width per GPU-hour, across every target until each target's linearised width is below its width x margin; then
+**Search** (:func:`search`): greedy. A linearised width (the delta method on the log-loss fit, every cell weighed alike
+as the fit weighs them, times sqrt(pi/2) for its near-L1 Huber loss) ranks moves — add a cell with one seed, or a seed to a chosen cell — by the reduction of the
+log width per GPU-hour (a move that widens it is never bought), across every target until each target's linearised width is below its width x margin; then
 the whole design is simulated with ``fit_all``; targets pinned in fewer than ``confidence`` of the draws get a smaller
 margin and more cells, up to ``rounds`` times. Every target gets at least ``min_cells`` distinct cells: a bootstrap
 over fewer cells has too few distinct resamples to give an interval.
@@ -508,22 +508,31 @@ def _sensitivity(base: dict, t: Target, key: str, c: Cell) -> float:
                  / (2 * h))
 
 
-def _cell_info(base: dict, noise: NoiseModel, t: Target, key: str, c: Cell, k: int) -> float:
-    """One cell's term of the information sum: sensitivity² over the log-noise variance of its k-seed mean (misfit
-    not averaged by seeds)."""
+def _cell_terms(base: dict, noise: NoiseModel, t: Target, key: str, c: Cell, k: int) -> tuple[float, float]:
+    """One cell's terms of the linearised variance: ``(s², s²·v)``, s the sensitivity of its log loss to the log
+    efficiency, v the log-noise variance of its k-seed mean (misfit not averaged by seeds)."""
     sd = noise.sds(c.n_params, t.precision)
     var = sd["misfit_sd"] ** 2 + sd["gap_misfit_sd"] ** 2 + (sd["seed_sd"] ** 2 + sd["gap_sd"] ** 2) / k
     loss = float(predict(base, c.n_params, c.tokens, t.eff_n, t.eff_d))
-    return _sensitivity(base, t, key, c) ** 2 / max(var / loss ** 2, 1e-12)
+    s2 = _sensitivity(base, t, key, c) ** 2
+    return s2, s2 * var / loss ** 2
+
+
+def _width_of(terms, planted: float) -> float:
+    """3.92 x eff x sd(ln eff) from cells' ``(s², s²·v)`` terms. ``quartet fit`` weighs every cell alike (replicates
+    averaged, one point per cell), so sd² = Σ s²v / (Σ s²)², not the inverse-variance 1 / Σ(s²/v): a precise cell
+    (20.5M: misfit 0.005) cannot carry noisy ones (3.4M: 0.03-0.05) the way an optimal weighting would; inflated for the
+    near-L1 fit."""
+    s2 = sum(a for a, _ in terms)
+    if s2 <= 0:
+        return math.inf
+    return 3.92 * planted * math.sqrt(L1_FACTOR * sum(b for _, b in terms)) / s2
 
 
 def linear_width(cells: dict, base: dict, noise: NoiseModel, t: Target, key: str) -> float:
-    """The linearised 95% width of one efficiency from ``{Cell: seeds}`` (base law held): 3.92 x eff x sd(ln eff),
-    sd from the information sum over cells of sensitivity² / log-noise variance, inflated for the near-L1 fit."""
-    info = sum(_cell_info(base, noise, t, key, c, k) for c, k in cells.items())
-    if info <= 0:
-        return math.inf
-    return 3.92 * t.planted(key) * math.sqrt(L1_FACTOR / info)
+    """The linearised 95% width of one efficiency from ``{Cell: seeds}`` (base law held, every cell weighed alike as
+    the fit does): :func:`_width_of` over the cells' :func:`_cell_terms`."""
+    return _width_of([_cell_terms(base, noise, t, key, c, k) for c, k in cells.items()], t.planted(key))
 
 
 @dataclass
@@ -533,10 +542,6 @@ class SearchResult:
     hours: float
     rounds: int
     log: list = field(default_factory=list)
-
-
-def _cells_of(design: Design, prec: str) -> dict:
-    return {design.cells[k]: s for k, s in design.runs.get(prec, {}).items()}
 
 
 def greedy(design: Design, targets: dict, candidates: list, existing: pd.DataFrame, base: dict, noise: NoiseModel,
@@ -550,24 +555,21 @@ def greedy(design: Design, targets: dict, candidates: list, existing: pd.DataFra
     have_bf = _bf16_seeds(existing)
     for c in candidates:
         design.cells.setdefault(c.key, c)
-    info_memo: dict = {}
+    terms_memo: dict = {}
 
-    def info(p: str, key: str, c: Cell, k: int) -> float:
-        """One cell's term of the information sum (:func:`linear_width`), memoised."""
-        if (p, key, c.key, k) not in info_memo:
-            info_memo[(p, key, c.key, k)] = _cell_info(base, noise, targets[p], key, c, k)
-        return info_memo[(p, key, c.key, k)]
+    def terms(p: str, key: str, c: Cell, k: int) -> tuple[float, float]:
+        """One cell's terms of the linearised variance (:func:`_cell_terms`), memoised."""
+        if (p, key, c.key, k) not in terms_memo:
+            terms_memo[(p, key, c.key, k)] = _cell_terms(base, noise, targets[p], key, c, k)
+        return terms_memo[(p, key, c.key, k)]
 
     def width(p: str, change=None) -> float:
         t = targets[p]
         cells = dict(design.runs.get(p, {}))
         if change:
             cells[change[0]] = change[1]
-        out = 0.0
-        for key in t.pin:
-            total = sum(info(p, key, design.cells[ck], k) for ck, k in cells.items())
-            out = max(out, math.inf if total <= 0 else 3.92 * t.planted(key) * math.sqrt(L1_FACTOR / total))
-        return out
+        return max(_width_of([terms(p, key, design.cells[ck], k) for ck, k in cells.items()], t.planted(key))
+                   for key in t.pin)
 
     def bf_seeds(ck) -> int:
         """bf16 seeds 0..j-1 present at a cell (existing or added for pairing)."""
@@ -595,6 +597,8 @@ def greedy(design: Design, targets: dict, candidates: list, existing: pd.DataFra
                     cost += speeds.run_hours(BASE_LABEL, c)
                 w1 = width(p, (c.key, k + 1))
                 gain = (math.log(w0) - math.log(w1)) if math.isfinite(w0) else 1e6 - w1
+                if gain <= 0 and not few:
+                    continue  # under equal weights a noisy cell can widen the interval: never buy one
                 # below min_cells a new cell is needed whatever it gains: pick the cheapest informative one
                 score = (gain + (1e3 if few else 0.0)) / max(cost, 1e-9)
                 if best is None or score > best[0]:
