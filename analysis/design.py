@@ -34,9 +34,10 @@ sizes on one GPU (by default the llama_7m and llama_200m rows of benchmarks/resu
 speed_200m.json, H200, fast paths, CUDA graphs); at another size the time is interpolated linearly in the FLOPs of
 a step, 6 x N x tokens per step, through the recipe's two measured points. Each run is costed as if alone on the GPU.
 
-**Search** (:func:`search`): greedy. A linearised width (the delta method on the log-loss fit, every cell weighed alike
-as the fit weighs them, times sqrt(pi/2) for its near-L1 Huber loss) ranks moves — add a cell with one seed, or a seed to a chosen cell — by the reduction of the
-log width per GPU-hour (a move that widens it is never bought), across every target until each target's linearised width is below its width x margin; then
+**Search** (:func:`search`): greedy. A linearised width (the delta method on the log-loss fit, every cell weighed
+alike as the fit weighs them, times sqrt(pi/2) for its near-L1 Huber loss) ranks moves — add a cell with one seed, or
+a seed to a chosen cell — by the reduction of the log width per GPU-hour (a move that widens it is never bought),
+across every target until each target's linearised width is below its width x margin; then
 the whole design is simulated with ``fit_all``; targets pinned in fewer than ``confidence`` of the draws get a smaller
 margin and more cells, up to ``rounds`` times. Every target gets at least ``min_cells`` distinct cells: a bootstrap
 over fewer cells has too few distinct resamples to give an interval.
@@ -529,12 +530,6 @@ def _width_of(terms, planted: float) -> float:
     return 3.92 * planted * math.sqrt(L1_FACTOR * sum(b for _, b in terms)) / s2
 
 
-def linear_width(cells: dict, base: dict, noise: NoiseModel, t: Target, key: str) -> float:
-    """The linearised 95% width of one efficiency from ``{Cell: seeds}`` (base law held, every cell weighed alike as
-    the fit does): :func:`_width_of` over the cells' :func:`_cell_terms`."""
-    return _width_of([_cell_terms(base, noise, t, key, c, k) for c, k in cells.items()], t.planted(key))
-
-
 @dataclass
 class SearchResult:
     design: Design
@@ -683,7 +678,7 @@ def eligible(cells: list, min_params: float | None, min_steps: int) -> tuple[lis
 
 
 __all__ = ["CONFIDENCE", "Cell", "Design", "check_committed", "committed_design", "FitOptions", "MIN_CELLS", "MIN_STEPS", "NoiseModel", "SearchResult",
-           "StepSpeeds", "Target", "bf16_needed", "design_hours", "design_runs", "eligible", "greedy", "linear_width",
+           "StepSpeeds", "Target", "bf16_needed", "design_hours", "design_runs", "eligible", "greedy",
            "make_target", "noise_model", "plant", "planted_from_fit", "recipe_of", "search", "simulate",
            "simulate_table", "summarise"]
 

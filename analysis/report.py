@@ -520,8 +520,8 @@ def consistency(base: BaseFit, effs: list, groups, pairs, draws: dict | None = N
     (from the forward-only runs), ``eff_d`` (backward-only), ``cells``, ``observed_gap`` and ``predicted_gap`` (mean
     over the recipe's cells of L_obs − L(N, D) and L(N·effN, D·effD) − L(N, D), nats), ``discrepancy`` (their
     difference) with its 95% bootstrap ``interval`` (``draws``: pair -> per-resample discrepancies, base and halves
-    refitted on each) and ``verdict``: ``not rejected`` (the interval holds 0: the data cannot tell the costs from multiplying, which is
-    weaker than showing they do), ``inconsistent``, or ``no interval``."""
+    refitted on each) and ``verdict``: ``not rejected`` (the interval holds 0: the data cannot tell the costs from
+    multiplying, which is weaker than showing they do), ``inconsistent``, or ``no interval``."""
     by_label = {e.scheme: e for e in effs}
     rows_of = {label: rows for label, *_, rows in groups}
     out = []
