@@ -463,7 +463,8 @@ def plot_ladder_gaps(gaps: pd.DataFrame, out_dir: Path) -> list[Path]:
     ax.set_ylabel("loss gap to baseline (nats)")
     ax.set_title("gap per cell (bars) vs ±1 sd paired-gap seed noise of that size at the nearest replicated budget "
                  "(grey)", fontsize=9)
-    ax.legend(fontsize=8)
+    # beside the axes, not on them: with a dozen precisions a legend inside covers the largest sizes' bars
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.005, 1.0), borderaxespad=0.0)
     return _save(fig, out_dir, "ladder_gaps")
 
 
