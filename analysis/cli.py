@@ -676,7 +676,7 @@ def _design(args, dz, cell_of, labels_of) -> str:
                                               options=options, kind=args.kind, reps=max(args.reps // 2, 2),
                                               seed=args.seed, max_seeds=args.max_seeds, min_cells=args.min_cells,
                                               confidence=args.confidence, pair=pair)
-    runs = dz.plan_rows(result.design, result.summary, kept, targets, speeds, pair)
+    runs = dz.plan_rows(result.design, kept, targets, speeds, pair)
     text = dz.plan_markdown(args=args, result=result, runs=runs, noise=noise, report=report, speeds=speeds,
                             notes=notes, beyond=beyond, beyond_h=beyond_h, more=more, existing=kept,
                             targets=targets, pair=pair)

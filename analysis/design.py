@@ -709,7 +709,7 @@ def _cells_text(design: Design, precision: str) -> str:
     return ", ".join(f"{design.cells[k].model} {design.cells[k].budget}" + (f" x{s}" if s > 1 else "") for k, s in cells)
 
 
-def plan_rows(design: Design, summary: pd.DataFrame, existing: pd.DataFrame, targets: dict, speeds: StepSpeeds,
+def plan_rows(design: Design, existing: pd.DataFrame, targets: dict, speeds: StepSpeeds,
               pair: bool = True) -> pd.DataFrame:
     """One row per run the design adds (model, budget, precision, seed, N, tokens, steps, GPU-hours), bf16 first."""
     rows = []
@@ -802,7 +802,7 @@ def plan_markdown(*, args, result: SearchResult, runs: pd.DataFrame, noise: Nois
         lines += [f"Not pinned within the budget: {', '.join(short)}."]
     if len(beyond):
         lines += ["", f"## Beyond the budget: what the design predicts it takes ({beyond_h:.2f} GPU-hours in all)", ""]
-        lines += summary_table(more, beyond, plan_rows(more, beyond, existing, targets, speeds, pair), kind)
+        lines += summary_table(more, beyond, plan_rows(more, existing, targets, speeds, pair), kind)
         still = beyond[beyond[f"{kind}_pinned"] < args.confidence]["precision"].tolist()
         lines += ["", f"Still not pinned with every candidate cell: {', '.join(still) or 'none'}."]
     return "\n".join(lines) + "\n"

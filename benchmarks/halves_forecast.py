@@ -26,6 +26,7 @@ sys.path.insert(0, str(REPO))
 
 from analysis.load import BASE_LABEL, load_table  # noqa: E402
 from analysis.predict import LawFit, Point, forecast, gap_forecast  # noqa: E402
+from analysis.report import read_fit_json  # noqa: E402
 
 SWEEP = "recipes_halves"
 
@@ -57,7 +58,7 @@ def _iv(x) -> list | None:
 
 def make_forecast(fit_path: Path, only: list[str], sweep: str = SWEEP) -> dict:
     fit = LawFit.from_json(fit_path)
-    raw = json.loads(fit_path.read_text())
+    raw = read_fit_json(fit_path)  # validated above by LawFit.from_json; the efficiencies and provenance as written
     rows = []
     for c in stage_cells(sweep, only):
         if c["precision"] == BASE_LABEL:

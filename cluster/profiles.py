@@ -290,7 +290,9 @@ def resources_for(profile: ClusterProfile, n_params: float) -> Resources:
 
 @functools.cache
 def _recipe_of(precision: str) -> str:
-    """The recipe a half-recipe variant halves (the name itself otherwise); cached: planning asks once per run."""
+    """The recipe a half-recipe variant halves (the name itself otherwise); cached: planning asks once per run.
+    analysis.design.recipe_of reads it from the name alone (analysis/ imports no quartet.quant), on the suffixes
+    tests/analysis/test_half_recipes.py checks against these."""
     from quartet.quant.config import half_variants
 
     return half_variants().get(precision, (precision,))[0]

@@ -262,16 +262,19 @@ def rows_lost_while_stopped(out: Path, base: list[str], ref: tuple, how: str, at
     ok = res.returncode == -signal.SIGKILL
     step = int(paths.read_state(d).get("step") or 0)
     metrics = d / paths.METRICS
+    note = ""
     if how == "deleted":
-        metrics.unlink()
+        metrics.unlink(missing_ok=True)  # a kill before the first row leaves none to delete: the trial still stands
     else:
         rows = [(r["step"], ln) for _, ln, r in paths.metrics_lines(d) if isinstance(r, dict)]
-        cut = next(ln for s, ln in rows if s == step)
+        cut = next((ln for s, ln in rows if s == step), "")
+        if not cut:  # no row at the checkpoint's step (killed before it was written): drop from there, tear none
+            note = f"(no row at step {step} to tear: the rows from it on dropped) "
         metrics.write_text("".join(ln + "\n" for s, ln in rows if s < step) + cut[:len(cut) // 2])
     res = _cli("train", *over)
     said = "metrics.jsonl lacks" in paths.tail(d / paths.TRAIN_LOG)
     tally.judge(f"rows {how} before checkpoint (step {step})", d, ref, ok and res.returncode == 0 and said,
-                "" if said else "(no warning line in train.log)")
+                note + ("" if said else "(no warning line in train.log)"))
 
 
 class Branches:
