@@ -24,8 +24,10 @@ operands, else the tensor itself rounded to BF16 (:attr:`Plain.UNQUANTIZED`: the
 or backward-only variant, a BF16 GEMM operand as in the BF16 model). A row-scaled forward operand (MS-FP4, INT4)
 is saved as x̂ rounded once to BF16, because its row scales lie along the backward GEMMs' reduction axis where no
 scale can be factored out (so is MS-FP4's X̂ = Q(Xc) + ΔX in its forward GEMM: the outlier residual has no common
-scale). Those and the unquantized operands' are the layer's only roundings beyond the oracle's, each ≤ 2^-9
-relative (BF16's, as the BF16 model's own).
+scale). Those, the unquantized operands' and one more are the layer's only roundings beyond the oracle's, each
+≤ 2^-9 relative (BF16's, as the BF16 model's own): on a GPU under autocast the forward GEMM writes BF16 (as the
+BF16 model's linears; no float32 pass over the output) and the scales P multiply that, so an output with a
+post-scale is rounded twice where the oracle rounds once. The CPU (float32 GEMM output) rounds once.
 
 Graph-safe: the layer's forward and backward are registered operators (``torch.library.custom_op``, with shape
 functions and an autograd formula, as the fused Quartet layer), the random draws (Hadamard signs, Philox seeds) are
@@ -56,8 +58,6 @@ IMPL_RECIPE = ("RecipeQuantLinear, fused Triton quantizers + BF16 tensor-core GE
                "(quartet.kernels.recipe_linear)")
 #: the layer plans by key: what the registered operators receive (a string) and look up
 _PLANS: dict = {}
-#: tokens are zero-padded to a multiple of this (groups, 2-D tiles and Hadamard blocks along the token axis)
-TOKEN_MULTIPLE = 128
 
 
 class Plain(str, Enum):
@@ -122,7 +122,9 @@ class RecipePlan:
 
     @property
     def multiple(self) -> int:
-        """What in/out features must be multiples of (groups, 2-D tiles, Hadamard blocks)."""
+        """What in/out features must be multiples of (groups, 2-D tiles, Hadamard blocks), and what the layer
+        zero-pads the token count to: the weight gradient's groups, tiles and rotations run along the token axis
+        (zero rows change no scale and no sum, as the oracle's padded reduction)."""
         return math.lcm(128, self.dx_hb or 1, self.dw_hb or 1)
 
     @property
@@ -365,11 +367,12 @@ def _backward(e: torch.Tensor, x_src, x_post, w_src, w_post, fx, fw, signs, seed
     gx = gw = None
     s_dx = signs[0] if plan.dx_signs else None
     s_dw = signs[1] if plan.dw_signs else None
-    cell = None
-    # dX = E·Wsrc: E along N, Wsrcᵀ (K × N) read down W's columns
+    ea = cell = None
+    # dX = E·Wsrc: E along N, Wsrcᵀ (K × N) read down W's columns; E quantized for dX only where dX is wanted or
+    # dW shares it (each operand has its own seed: skipping one changes no other draw)
     if plan.dx_a is Plain.UNQUANTIZED:
         ea = _unquantized(e)
-    else:
+    elif need_x or plan.share_e:
         ea, cell = _quantize(e, plan.dx_a, -1, plan.dx_hb, s_dx, seeds[0:1])
     if need_x:
         wb = _backward_operand(w_src, w_post, plan.dx_b, plan.dx_hb, s_dx, seeds[1:2])
@@ -522,7 +525,7 @@ class RecipeQuantLinear(QuantLinear):
         dev = x.device.type
         out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
         signs, seeds = self._draws(x.device)
-        x2, T = pad_tokens(x, TOKEN_MULTIPLE)
+        x2, T = pad_tokens(x, self.plan.multiple)
         y = recipe_linear_fwd(x2, self.weight, signs, seeds, self.plan.key, out_dtype)[0]
         return unpad_tokens(y, T).reshape(*x.shape[:-1], self.out_features)
 

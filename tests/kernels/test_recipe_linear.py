@@ -172,6 +172,28 @@ def test_stochastic_half_variants_forward_exact_gradients_as_noisy_as_the_oracle
         assert 0.5 < ef / er < 2.0, (name, ef, er)
 
 
+def test_a_token_count_off_the_rotation_block_pads_to_it():
+    """quartet2 with 256-point rotations: the weight gradient rotates along the token axis, so the layer pads the
+    tokens to the plan's multiple (256 here, not 128); 100 tokens in a (2, 50, K) batch then run as the oracle's
+    zero-padded reduction: the forward exact, the gradients as noisy as the oracle's."""
+    scheme = build_scheme(PrecisionConfig(name="quartet2", hadamard_block=256))
+    plan = RL.plan_for(scheme)
+    assert plan.multiple == 256
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(2, 50, 256, generator=g)
+    w, e = torch.randn(256, 256, generator=g) * 0.05, torch.randn(2, 50, 256, generator=g) * 1e-3
+    ref = QuantLinear(torch.nn.Parameter(w.clone()), scheme, ReferenceBackend(), seed=0, layer_index=1)
+    fast = RL.recipe_quant_linear(torch.nn.Parameter(w.clone().to(DEV)), scheme, make_backend("fused"), seed=0,
+                                  layer_index=1)
+    (yr, gxr, gwr), (yf, gxf, gwf) = _run(ref, x, e), _run(fast, x.to(DEV), e.to(DEV))
+    assert yf.shape == yr.shape == (2, 50, 256) and gxf.shape == x.shape and gwf.shape == w.shape
+    assert _rel(yf, yr) < 2e-5
+    _, gx0, gw0 = _exact(x.reshape(100, 256), w, e.reshape(100, 256))
+    for fast_g, ref_g, exact in ((gxf.reshape(100, 256), gxr.reshape(100, 256), gx0), (gwf, gwr, gw0)):
+        ef, er = _rel(fast_g, exact), _rel(ref_g, exact)
+        assert 0.5 < ef / er < 2.0, (ef, er)
+
+
 def _bf16_mm(a, b):
     """``a @ b`` of the operands rounded to BF16, in float64."""
     return a.bfloat16().double() @ b.bfloat16().double()
