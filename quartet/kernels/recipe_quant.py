@@ -30,10 +30,13 @@ One kernel, two passes over the same tile code:
 Exactness. Deterministic kinds are bitwise the oracle's on any input, the non-finite and subnormal edges included
 (tests/kernels/test_recipe_quant.py); stochastic ones follow the oracle's rule with their own uniforms (Philox
 cannot replay ``torch.Generator``): each output is one of the oracle's two neighbours, unbiased. Rotated kinds are
-bitwise where the ±1 sums are exact in float32 (BF16 inputs over 16-blocks always; 128-blocks unless a block spans
-more than ~9 binades). NVFP4's 4/6 choice sums its errors in float64, as the oracle; MS-EDEN's correction sums in
-float32 (a last-bit difference of the scale before its stochastic rounding). Stochastic rounding draws 16-bit
-uniforms, eight per Philox call.
+bitwise where the ±1 sums are exact in float32: BF16 inputs (8 significant bits) over a 16-block whose values span
+at most ~12 binades, over a 128-block at most ~9 (the sum's 24 bits hold the span, the bits and the carries); a
+wider block rounds its sum once more than the oracle's float64. NVFP4's 4/6 choice sums its errors in float64, as
+the oracle; MS-EDEN's correction sums in float32 (a last-bit difference of the scale before its stochastic
+rounding), and a group whose scale underflows float32 is left uncorrected instead of NaN. Element-wise stochastic
+rounding draws 16-bit uniforms, eight per Philox call; MS-EDEN's per-group scale rounding draws ``tl.rand``'s
+32-bit ones.
 """
 from __future__ import annotations
 
@@ -396,7 +399,10 @@ if HAS_TRITON:
                 # which only its stochastic rounding sees
                 yy = tl.sum(t * t, axis=3, keep_dims=True)
                 yq = tl.sum(t * q, axis=3, keep_dims=True)
-                corr = tl.where(yq > 0.0, tl.math.div_rn(yy, tl.where(yq > 0.0, yq, 1.0)), 1.0)
+                # a group whose blk·S underflows to 0 (amax below ~2^-130) has t clamped to ±FLT_MAX and sums that
+                # overflow: no correction there (inf/inf would make its scale, and so its values, NaN)
+                ok = (yq > 0.0) & (yq < float("inf")) & (yy < float("inf"))
+                corr = tl.where(ok, tl.math.div_rn(yy, tl.where(ok, yq, 1.0)), 1.0)
                 urow = pid_r * BR + tl.arange(0, BR)
                 ucol = pid_k * (BK // G) + tl.arange(0, BK // G)
                 uoff = tl.reshape(urow[:, None] * (K // G) + ucol[None, :], (BR, 1, BK // G, 1))
@@ -501,7 +507,10 @@ if HAS_TRITON:
                 delta = tl.where(a < 2.0, 0.5, tl.where(a < 4.0, 1.0, 2.0))
                 uu = y - tl.floor(y / delta) * delta
                 t = tl.abs(2.0 * uu / delta - 1.0)
-                d = DGE_INV_K * tl.exp2(tl.log2(t) * DGE_P)
+                if DGE_P == 0.0:  # k = 1: pow(t, 0) = 1 everywhere (t = 0 and NaN included), as the oracle's pow
+                    d = tl.zeros_like(t) + DGE_INV_K
+                else:
+                    d = DGE_INV_K * tl.exp2(tl.log2(t) * DGE_P)
                 tl.store(fac_ptr + offs, tl.minimum(d, DGE_CAP, propagate_nan=tl.PropagateNan.ALL), mask=m)
 
 
@@ -622,6 +631,9 @@ def recipe_quantize(x: torch.Tensor, spec: QuantizerSpec, *, axis: int = -1, had
             gs_t = torch.ones(nur, ld, device=dev, dtype=torch.float32)
             gs_out, gs_r, gs_k = gs_t, ld, 1
     elif gscale:
+        if kind.code in (K_FP8_TENSOR, K_LUQ):  # the kernel writes no per-group scales for these
+            raise ValueError(f"{spec.label()} has one scale for the whole tensor (the operand's post), no group "
+                             f"scales: gscale=True is for group- and tile-scaled kinds")
         gs_t = torch.empty(nur, nuk, device=dev, dtype=torch.float32)
         gs_out, gs_r, gs_k = gs_t, nuk, 1
     dummy = torch.empty(1, device=dev, dtype=torch.float32)

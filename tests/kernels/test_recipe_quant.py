@@ -195,7 +195,8 @@ def test_ms_fp4_rows(occ, dge):
 
 # ---- edges -----------------------------------------------------------------------------------------------------
 DETERMINISTIC = {"mxfp8": MXFP8, "nvfp4": NVFP4, "nvfp4_2d": NVFP4_2D, "4o6": FOUR_SIX, "fp8_1x128": FP8_1x128,
-                 "e5m2": E5M2, "int4": INT4, "ms_fp4": QuantizerSpec("ms_fp4", clip_quantile=0.99, dge_k=5.0)}
+                 "fp8_128x128": FP8_128, "e4m3": E4M3, "e5m2": E5M2, "int4": INT4,
+                 "ms_fp4": QuantizerSpec("ms_fp4", clip_quantile=0.99, dge_k=5.0)}
 
 
 @pytest.mark.parametrize("name", list(DETERMINISTIC))
@@ -210,7 +211,8 @@ def test_edges_bitwise(name, edge_tensors):
                    else ms_fp4_quantize(x, spec.clip_quantile, spec.dge_k, spec.dge_cap).dequantized())
             assert (check := same(out.deq, ref)), (name, edge, check)
             continue
-        out = rq.recipe_quantize(x.to(DEV), spec, gscale=True, out_dtype=torch.float32)
+        group_scaled = not (spec.kind == "fp8" and spec.scaling == "tensor")  # FP8 tensor: one scale, the post
+        out = rq.recipe_quantize(x.to(DEV), spec, gscale=group_scaled, out_dtype=torch.float32)
         if spec.kind == "mxfp8":
             assert same(out.values, mx.mxfp8_quantize(x)), (name, edge)
         elif spec.kind in ("nvfp4", "nvfp4_4o6"):
@@ -220,8 +222,9 @@ def test_edges_bitwise(name, edge_tensors):
             q = torch.where(gs == 0, 0.0, out.values.cpu() / gs)
             assert same(q * (gs * out.post.cpu()), xq), (name, edge)
         elif spec.scaling == "block":
-            codes, scale = blockwise.fp8_blockwise_codes(x, 1, 128, "e4m3")
-            assert same(out.values, codes) and same(out.gscale, scale), (name, edge)
+            codes, scale = blockwise.fp8_blockwise_codes(x, spec.tile_rows, 128, "e4m3")
+            # 128x128 scales come padded to 4 columns (quartet.kernels.gemm's layout)
+            assert same(out.values, codes) and same(out.gscale[:, :scale.shape[1]], scale), (name, edge)
         else:
             xq, scale = formats.fp8_quantize(x, spec.fmt, "tensor")
             assert same(out.post, scale), (name, edge)
@@ -350,6 +353,39 @@ def test_stochastic_kinds_need_a_seed():
     x, _ = _source((16, 128), -1, seed=1)
     with pytest.raises(ValueError, match="seed"):
         rq.recipe_quantize(x.to(DEV), NVFP4_SR)
+
+
+def test_tensor_scaled_kinds_have_no_group_scales_to_give():
+    x, _ = _source((16, 128), -1, seed=1)
+    for spec in (E4M3, LUQ):
+        with pytest.raises(ValueError, match="no group scales"):
+            rq.recipe_quantize(x.to(DEV), spec, gscale=True, seed=torch.tensor([1], device=DEV))
+
+
+def test_ms_eden_keeps_a_group_below_the_scales_range_finite():
+    """A tensor whose amax (2^-131) puts blk·S below float32's range: the group of 2^-149 values has t clamped to
+    ±FLT_MAX, whose sums overflow; the correction is skipped there, so finite inputs give finite values."""
+    x = torch.zeros(16, 128)
+    x[0, 0] = 2.0 ** -131
+    x[1, :] = 2.0 ** -149
+    out = rq.recipe_quantize(x.to(DEV), EDEN, seed=torch.tensor([3], device=DEV), gscale=True,
+                             out_dtype=torch.float32)
+    assert bool(torch.isfinite(out.values.cpu()).all()) and bool(torch.isfinite(out.gscale.cpu()).all())
+    assert float(out.values.cpu()[0, 0] * out.post.cpu()) > 0  # the amax element survives
+
+
+def test_dge_with_k_1_is_one_everywhere_as_the_oracle():
+    """k = 1: the DGE derivative's exponent 1/k − 1 is 0, so the factor is 1/k = 1 at every value, interval midpoints
+    (t = 0, where exp2(log2(0)·0) would be NaN) included."""
+    mids = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0, 1.0, 0.0, -0.25, -5.0])
+    x = torch.cat([mids, torch.zeros(128 - mids.numel())]).repeat(16, 1)
+    x[:, -1] = 6.0  # each row's scale amax/6 = 1: the values are their own scaled values
+    spec = QuantizerSpec("ms_fp4", dge_k=1.0)
+    out = rq.row_quantize(x.to(DEV), spec, deq=True, factor=True, deq_dtype=torch.float32)
+    ref = ms_fp4_quantize(x, 0.0, 1.0, 3.0)
+    assert same(out.post, ref.data["scale"].reshape(-1))
+    assert bool((ref.grad_factor == 1).all())
+    assert same(out.factor, ref.grad_factor)
 
 
 def test_unsupported_spec_and_shape_say_why():
