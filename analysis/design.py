@@ -292,17 +292,25 @@ class StepSpeeds:
                 d = json.loads(Path(path).read_text())
             except (OSError, ValueError) as exc:
                 raise AnalysisError(f"speed file {path}: {exc.__class__.__name__}: {str(exc)[:120]}") from None
-            devices.add(str(d.get("device", "")))
-            for r in d.get("rows", ()):
-                if r.get("step_ms_median") is None:
-                    continue
-                recipe = str(r["config"]).split(":")[0]
-                rows.setdefault(recipe, []).append((float(r["n_params"]), int(r["tokens_per_step"]),
-                                                    float(r["step_ms_median"]), float(r.get("build_and_compile_s") or 0)))
+            try:
+                devices.add(str(d.get("device", "")))
+                for r in d.get("rows", ()):
+                    if r.get("step_ms_median") is None:
+                        continue
+                    recipe = str(r["config"]).split(":")[0]
+                    key = (float(r["n_params"]), int(r["tokens_per_step"]))
+                    rows.setdefault(recipe, {}).setdefault(key, []).append(
+                        (float(r["step_ms_median"]), float(r.get("build_and_compile_s") or 0)))
+            except (AttributeError, KeyError, TypeError, ValueError) as exc:
+                raise AnalysisError(f"speed file {path}: not benchmarks/ladder_speed.py rows ({exc.__class__.__name__}: "
+                                    f"{str(exc)[:80]})") from None
         if not rows:
             raise AnalysisError(f"no step times in {', '.join(map(str, paths))}")
-        return cls({k: sorted(v) for k, v in rows.items()}, " / ".join(sorted(devices - {""})),
-                   tuple(_shown(p) for p in paths))
+        # one point per size (a size timed twice, or in two modes, would make the interpolating line 0/0): the median
+        # step time, the smallest compile time
+        merged = {k: sorted((n, t, float(np.median([m for m, _ in v])), min(c for _, c in v))
+                            for (n, t), v in pts.items()) for k, pts in rows.items()}
+        return cls(merged, " / ".join(sorted(devices - {""})), tuple(_shown(p) for p in paths))
 
     def step_ms(self, recipe: str, n_params: float, tokens_per_step: int) -> float:
         """Step time of ``recipe`` at a size: linear in the FLOPs of a step (6 N T) through its measured points."""
@@ -396,8 +404,11 @@ def design_hours(design: Design, existing: pd.DataFrame, targets: dict, speeds: 
 # ------------------------------------------------------------------------------------------------ simulation
 def simulate_table(existing: pd.DataFrame, design: Design, targets: dict, base: dict, noise: NoiseModel,
                    rng: np.random.Generator, pair: bool = True) -> pd.DataFrame:
-    """The existing runs as measured plus one draw of the design's runs (module docstring: the noise model)."""
+    """The existing runs as measured plus one draw of the design's runs (module docstring: the noise model). A
+    precision the design runs is simulated afresh: its measured runs are left out (the design holds its whole set of
+    cells; read too, a cell would average a measured run with its simulated twin as two seeds)."""
     ex = existing.assign(seed=_seed_column(existing))
+    ex = ex[~ex["precision"].isin([p for p, cells in design.runs.items() if cells and p != BASE_LABEL])]
     is_base = (ex["forward"] == BASE_LABEL) & (ex["backward"] == BASE_LABEL)
     bf = ex[is_base]
     law0 = predict(base, bf["n_params"].to_numpy(float), bf["tokens"].to_numpy(float))
@@ -590,6 +601,8 @@ def greedy(design: Design, targets: dict, candidates: list, existing: pd.DataFra
                 cost = speeds.run_hours(targets[p].recipe, c)
                 if pair and bf_seeds(c.key) < k + 1:
                     cost += speeds.run_hours(BASE_LABEL, c)
+                if budget_h is not None and hours + cost > budget_h + 1e-12:
+                    continue  # a cheaper move may still fit: the search stops only when none does
                 w1 = width(p, (c.key, k + 1))
                 gain = (math.log(w0) - math.log(w1)) if math.isfinite(w0) else 1e6 - w1
                 if gain <= 0 and not few:
@@ -598,7 +611,7 @@ def greedy(design: Design, targets: dict, candidates: list, existing: pd.DataFra
                 score = (gain + (1e3 if few else 0.0)) / max(cost, 1e-9)
                 if best is None or score > best[0]:
                     best = (score, p, c, k + 1, cost)
-        if best is None or (budget_h is not None and hours + best[4] > budget_h + 1e-12):
+        if best is None:
             return design
         _, p, c, k, cost = best
         design.add(p, c, k)
@@ -623,6 +636,8 @@ def search(existing: pd.DataFrame, targets: dict, candidates: list, base: dict, 
         if total + price[p] <= budget_h:
             chosen.append(p)
             total += price[p]
+    if not chosen and targets:  # no target pins within the budget: spend it on the cheapest, the best it allows
+        chosen = [min(targets, key=price.get)]
     log = [f"linearised price per target alone (GPU-h): " + ", ".join(f"{p} {price[p]:.2f}" for p in
                                                                      sorted(targets, key=price.get))]
     if progress:
@@ -694,7 +709,7 @@ def what_it_takes(result: SearchResult, existing: pd.DataFrame, targets: dict, c
              or (result.summary.loc[result.summary["precision"] == p, f"{kind}_pinned"] < confidence).any()]
     if not short:
         return pd.DataFrame(), result.hours, result.design
-    goal = {p: options.width * 0.5 for p in short}
+    goal = {p: options.width * 0.5 for p in short}  # half the width: the linearised width runs below the simulated one
     more = greedy(result.design, targets, candidates, existing, base, noise, speeds, goal, max_seeds=max_seeds,
                   min_cells=min_cells, budget_h=None, pair=pair)
     only = Design(dict(more.cells), {p: dict(more.runs[p]) for p in short if p in more.runs})
@@ -744,6 +759,9 @@ def summary_table(design: Design, summary: pd.DataFrame, runs: pd.DataFrame, kin
 def sweep_yaml(runs: pd.DataFrame, name: str, description: str, header: list[str]) -> str:
     """A sweep file (``sweeps/<name>.yaml``) of the design's runs, the conventions of ``sweeps/recipes.yaml``: every
     run an ``include`` entry; seed s > 0 with ``run.data_seed`` 1337 + s, as the ladders' seed replicates."""
+    if runs.empty:
+        raise AnalysisError(f"--sweep {name}: the design adds no run (every target already has what it asks, or no "
+                            f"candidate fits the budget): no sweep written")
     out = [f"# {line}".rstrip() for line in header]
     out += [f"name: {name}", f"description: {description}", "cluster: local_gpu", "fixed:", "  data: pycode",
             "  logging: ladder", "  run.device: cuda", "  run.compile: true", "  run.compile_mode: reduce-overhead",
@@ -751,7 +769,10 @@ def sweep_yaml(runs: pd.DataFrame, name: str, description: str, header: list[str
     # a sweep without axes expands to one default run: the first run is the grid, and not listed again below
     first = runs[runs["seed"] == 0].iloc[0]
     at = out.index("cluster: local_gpu") + 1
-    out[at:at] = ["axes:", f"  model: [{first.model}]", f"  budget: [{first.budget}]", f"  precision: [{first.precision}]"]
+    # a conf/budget/ name (dn*), else a key of the budget group (tokens_per_param=30 -> budget.tokens_per_param)
+    key, _, value = first.budget.partition("=")
+    axis = f"  budget: [{first.budget}]" if not value else f"  budget.{key}: [{value}]"
+    out[at:at] = ["axes:", f"  model: [{first.model}]", axis, f"  precision: [{first.precision}]"]
     out.append("include:")
     for r in runs.itertuples():
         if (r.model, r.budget, r.precision, r.seed) == (first.model, first.budget, first.precision, 0):

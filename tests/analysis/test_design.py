@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from analysis import design as dz
+from analysis.errors import AnalysisError
 from analysis.laws import predict
 from quartet.cli import main
 
@@ -142,8 +143,11 @@ def test_a_budget_too_small_is_not_called_pinned():
     cands = [_cell("m3", dn) for dn in (10, 20, 40, 80)]
     opts = dz.FitOptions(bootstrap=30, min_params=0)
     res = dz.search(existing, targets, cands, LAW, noisy, _speeds(), budget_h=0.05, options=opts, reps=3, rounds=1)
+    assert list(res.summary["precision"]) == ["q_fwd"]  # the budget is spent on it, the best it allows
     assert (res.summary["base_fixed_pinned"] < dz.CONFIDENCE).all()
-    assert res.hours <= 0.05
+    assert 0 < res.hours <= 0.05
+    _, beyond_h, _ = dz.what_it_takes(res, existing, targets, cands, LAW, noisy, _speeds(), options=opts, reps=2)
+    assert beyond_h > 0.05
 
 
 def _ratios(tag: str, reps: int, bootstrap: int) -> pd.DataFrame:
@@ -222,3 +226,35 @@ def test_the_sweep_file_lists_every_run_once():
     assert text.count("{model: llama_7m, budget: dn40, precision: bf16}") == 0
     assert text.count("precision: bf16, run.seed: 1, run.data_seed: 1338}") == 1
     assert "  precision: [bf16]" in text
+
+
+def test_sweep_file_of_a_non_dn_budget_and_of_no_runs():
+    """A budget that is no conf/budget/ name goes in as its key, on the grid line too (Hydra refuses
+    ``budget: [tokens_per_param=30]``); a design that adds nothing writes no sweep and says why in one line."""
+    import yaml
+
+    runs = pd.DataFrame([{"model": "llama_3m", "budget": "tokens_per_param=30", "precision": "q_fwd", "seed": 0},
+                         {"model": "llama_3m", "budget": "tokens_per_param=30", "precision": "q_fwd", "seed": 1},
+                         {"model": "llama_7m", "budget": "dn10", "precision": "q_fwd", "seed": 0}])
+    sweep = yaml.safe_load(dz.sweep_yaml(runs, "t", "d", ["h"]))
+    assert sweep["axes"] == {"model": ["llama_3m"], "budget.tokens_per_param": [30], "precision": ["q_fwd"]}
+    assert sweep["include"] == [
+        {"model": "llama_3m", "budget.tokens_per_param": 30, "precision": "q_fwd", "run.seed": 1, "run.data_seed": 1338},
+        {"model": "llama_7m", "budget": "dn10", "precision": "q_fwd"}]
+    with pytest.raises(AnalysisError, match="adds no run"):
+        dz.sweep_yaml(runs.iloc[:0], "t", "d", [])
+
+
+def test_speed_files_read_twice_or_malformed(tmp_path):
+    """A size timed twice (the same file passed twice) is one point, not a 0/0 line; rows that are not
+    ladder_speed.py's say so in one line."""
+    row = {"config": "q:graphs", "n_params": 7e6, "tokens_per_step": 65536, "step_ms_median": 16.0}
+    big = {**row, "n_params": 2e8, "step_ms_median": 200.0}
+    f = tmp_path / "s.json"
+    f.write_text(json.dumps({"rows": [row, big]}))
+    once, twice = dz.StepSpeeds.from_json([f]), dz.StepSpeeds.from_json([f, f])
+    assert np.isfinite(twice.step_ms("q", 2e7, 65536)) and twice.step_ms("q", 2e7, 65536) == once.step_ms("q", 2e7, 65536)
+    for bad in ([row], {"rows": [{"config": "q:graphs", "step_ms_median": 1.0}]}):
+        f.write_text(json.dumps(bad))
+        with pytest.raises(AnalysisError, match="speed file"):
+            dz.StepSpeeds.from_json([f])
