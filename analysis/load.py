@@ -522,12 +522,29 @@ def load_wandb_offline(root: str | Path) -> pd.DataFrame:
                 last.update(h)
             for k, v in last.items():
                 summary.setdefault(k, v)
-        row, reason = _wandb_row(rid, "finished" if rec["finished"] else "running", summary, rec["config"], None)
+        # a quartet run (its mirror carries the derived config) logs final_val_loss once, when it completes: an
+        # attempt that exited cleanly without it was preempted or stopped (exit code 0 too), and its last val_loss
+        # is an interim one; the attempt that resumed it is another file under the same id
+        state = "finished" if rec["finished"] else "running"
+        if state == "finished" and _flat_get(rec["config"], "derived.n_params") is not None \
+                and "final_val_loss" not in summary:
+            state = "preempted"
+        row, reason = _wandb_row(rid, state, summary, rec["config"], None)
         if reason:
             dropped.append({"run_id": rid, "reason": reason, "path": str(f)})
         else:
             row["source"] = "wandb-offline"
+            row["_path"] = str(f)
             rows.append(row)
+    # one row per run id: a run finished twice (files copied, or a run repeated under its id) counts once, the
+    # newest file (files sort by their folders' start times)
+    newest = {r["run_id"]: r for r in rows}
+    for r in rows:
+        if newest[r["run_id"]] is not r:
+            dropped.append({"run_id": r["run_id"], "reason": "an older file of the same run id", "path": r["_path"]})
+    rows = [newest[rid] for rid in dict.fromkeys(r["run_id"] for r in rows)]
+    for r in rows:
+        del r["_path"]
     if not rows:
         raise AnalysisError(f"no finished wandb runs under {root}: " + "; ".join(d["reason"] for d in dropped[:3]))
     return _finish(rows, dropped, {"kind": "wandb-offline", "path": str(root),

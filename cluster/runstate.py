@@ -179,13 +179,17 @@ def _record(run_dir: Path, **fields: Any) -> None:
 
 
 def try_claim(run_dir: Path, info: dict[str, Any], queue: dict[str, str] | None) -> bool:
-    """Atomically claim ``run_dir`` for this launcher. False if someone alive holds it."""
+    """Atomically claim ``run_dir`` for this launcher. False if someone alive holds it, or it has ended since
+    this launcher planned it (a summary.json, even a corrupt one: the trainer would refuse it anyway, after this
+    launch had rewritten its state and submitted a job that does nothing)."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     # Deciding "stale" and breaking the claim must be one step: without the lock, a contender that
     # judged the old claim stale could rename away the fresh claim another contender just created.
     with _claim_lock(run_dir):
         if train_lock_holder(run_dir) is not None:  # a trainer is at work on it, whoever launched it
+            return False
+        if paths.outcome(run_dir) in ("finished", "corrupt"):
             return False
         return _try_claim_locked(run_dir, info, queue)
 

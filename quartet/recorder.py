@@ -118,7 +118,7 @@ class WandbMirror:
         else:
             alphabet = string.ascii_lowercase + string.digits
             self.id = "".join(secrets.choice(alphabet) for _ in range(8))
-            id_file.write_text(self.id + "\n")
+            atomic_write_text(id_file, self.id + "\n")  # torn or empty, it would split the wandb history
         try:
             import wandb
 
@@ -250,7 +250,8 @@ class RunRecorder:
         """config.yaml (the resolved config), env.json (versions, host) and quant_map.json (the quant plan)."""
         if not self.is_main:
             return
-        OmegaConf.save(cfg, self.dir / paths.CONFIG, resolve=True)
+        # atomically: a kill while it is written must not leave a torn config.yaml for the requeued job to read
+        atomic_write_text(self.dir / paths.CONFIG, OmegaConf.to_yaml(cfg, resolve=True))
         write_json_atomic(self.dir / paths.ENV, environment_info(device))
         write_json_atomic(self.dir / paths.QUANT_MAP, plan.to_dict())
 

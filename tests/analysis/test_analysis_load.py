@@ -150,6 +150,29 @@ def test_wandb_offline_run_file_written_by_real_wandb(tmp_path, monkeypatch):
     assert load(tmp_path).iloc[0]["run_id"] == r["run_id"]  # the dispatcher recognises the folder
 
 
+def test_wandb_offline_preempted_attempt_is_not_a_finished_run(tmp_path, monkeypatch):
+    """A quartet run stopped and resumed under its wandb id leaves two files, both with exit code 0: the stopped
+    attempt has no final_val_loss (its last val_loss is an interim one) and is dropped; the resumed one is the run."""
+    wandb = pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    for var in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR"):
+        monkeypatch.setenv(var, str(tmp_path / var.lower()))
+    config = {"precision": {"name": "bf16", "forward": "bf16", "backward": "bf16"},
+              "derived": {"n_params": 123456, "tokens": 6144}}
+    try:
+        for attempt, (rows, final) in enumerate([([(3072, 6.11)], False), ([(6144, 5.92)], True)]):
+            run = wandb.init(project="quartet-test", dir=str(tmp_path), mode="offline", id="run-abc", resume="allow",
+                             config=config, settings=wandb.Settings(console="off"))
+            for tokens, val in rows:
+                run.log({"tokens": tokens, "val_loss": val, **({"final_val_loss": val} if final else {})})
+            run.finish()
+    finally:
+        wandb.teardown()
+    df = load_wandb_offline(tmp_path)
+    assert len(df) == 1 and df.iloc[0]["loss"] == pytest.approx(5.92) and df.iloc[0]["tokens"] == 6144
+    assert any("preempted" in d["reason"] for d in df.attrs["dropped"])
+
+
 def test_unreadable_inputs_are_one_line_errors(tmp_path):
     """Empty, header-only, ragged and non-UTF-8 tables, and a missing path: AnalysisError naming the file, exit 2."""
     from analysis.cli import fit_main

@@ -433,3 +433,16 @@ def test_device_share_of_a_finished_run():
     assert _device_share({"world_size": 1}, {"job_id": "local-7", "gpu": 3}, gpu_pool) == 1 / gpu_pool.workers_per_gpu
     assert _device_share({"world_size": 1}, {"job_id": "local-7"}, load_profile("local")) == 1.0
     assert _device_share({"world_size": 8}, {"job_id": "123_4", "gpu": None}, load_profile("slurm_hopper")) == 8.0
+
+
+def test_a_run_that_ended_since_the_plan_is_not_claimed(tmp_path):
+    """Another launcher finished the run after this one planned it: the claim is refused and nothing is rewritten
+    (a corrupt summary is refused too: maybe finished, never retrained blindly)."""
+    d = tmp_path / "run"
+    d.mkdir()
+    runstate.write_state(d, state="completed", step=10)
+    (d / runstate.SUMMARY).write_text(json.dumps({"val_loss": 3.0, "steps": 10}))
+    assert not runstate.try_claim(d, {"scheduler": "local"}, None)
+    assert not (d / runstate.CLAIM).exists() and json.loads((d / runstate.STATE).read_text())["state"] == "completed"
+    (d / runstate.SUMMARY).write_text("{torn")
+    assert not runstate.try_claim(d, {"scheduler": "local"}, None)
