@@ -394,7 +394,9 @@ class RunRecorder:
             except OSError:  # no room for the traceback: the reason alone, never an empty file
                 (self.dir / paths.ERROR).write_text(line + "\n")
         with contextlib.suppress(OSError):
-            self.write_state("failed" if failed else "preempted", step, error=line, keep_step=keep_step)
+            # "preempted" means "resumes from the step it names": a hard stop (Ctrl-C mid-step) keeps the recorded
+            # step, the last checkpoint's (state.json is written at each one), not the step it was stopped at
+            self.write_state("failed" if failed else "preempted", step, error=line, keep_step=keep_step or not failed)
         self.log.error("run failed: %s", exc)
 
     def finish_mirror(self, exit_code: int) -> None:

@@ -638,6 +638,11 @@ class Trainer:
                     self.save_checkpoint()
                     self.record.write_state("running", s)
         val_loss = self.evaluate(None)
+        if not math.isfinite(loss_v):  # resumed at the last step (killed between the final checkpoint and the
+            # summary): no step ran here, so the last training loss is the one the metrics rows logged
+            logged = [row["loss"] for _, _, row in paths.metrics_lines(self.dir)
+                      if isinstance(row, dict) and isinstance(row.get("loss"), (int, float))]
+            loss_v = float(logged[-1]) if logged else None
         elapsed = self.elapsed_prev + time.time() - self._t_start
         self._raise_if_moved(self._dir_moved())
         self.save_checkpoint()

@@ -295,3 +295,41 @@ def test_resume_where_fewer_gpus_are_visible_restores_the_cuda_rng_states_it_can
     resumed._load_checkpoint()
     assert resumed.step == 2
     assert len(restored) == 1 and len(restored[0]) == 1 and restored[0][0].tolist() == [1] * 16
+
+
+def test_killed_between_the_final_checkpoint_and_the_summary_resumes_to_a_full_summary(tiny_cfg):
+    """The resume runs no step (the checkpoint is at the last one): the summary's train_loss is the last logged
+    training loss, not NaN (which is not JSON)."""
+    cfg = tiny_cfg()
+    t = Trainer(cfg)
+
+    def killed(summary):
+        raise KeyboardInterrupt("killed before summary.json")
+
+    t.record.complete = killed
+    with pytest.raises(KeyboardInterrupt):
+        t.run()
+    d = run_dir(cfg)
+    assert not (d / "summary.json").exists()
+    summary = Trainer(cfg).run()
+    logged = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    last_loss = [r["loss"] for r in logged if "loss" in r][-1]
+    on_disk = json.loads((d / "summary.json").read_text())
+    assert summary["train_loss"] == on_disk["train_loss"] == pytest.approx(last_loss)
+
+
+def test_a_hard_stop_between_checkpoints_names_the_checkpoint_it_resumes_from(tiny_cfg):
+    """Ctrl-C at step 7 with checkpoints every 5 steps: state.json says preempted at step 5, where it resumes."""
+    cfg = tiny_cfg("logging.ckpt_every=5")
+    t = Trainer(cfg)
+
+    def stop(trainer, row):
+        if row["step"] == 7:
+            raise KeyboardInterrupt("hard stop")
+
+    t.callbacks.append(stop)
+    with pytest.raises(KeyboardInterrupt):
+        t.run()
+    state = json.loads((run_dir(cfg) / "state.json").read_text())
+    assert (state["state"], state["step"]) == ("preempted", 5)
+    assert ckpt_io.load(run_dir(cfg) / "ckpt" / "last.pt")["step"] == 5  # where a resume starts
