@@ -35,6 +35,7 @@ from typing import Callable
 import torch
 
 from quartet.errors import QuartetError
+from quartet.paths import fsync_dir as _fsync_dir  # the renames themselves made durable
 
 _HEADER = "quartet-checkpoint v1 sha256={sha} bytes={n:020d}\n"
 HEADER_LEN = len(_HEADER.format(sha="0" * 64, n=0))
@@ -76,17 +77,6 @@ def prev_path(path: str | Path) -> Path:
 def exists(path: str | Path) -> bool:
     """True when ``path`` or its previous generation exists (a run to resume, whether or not it verifies)."""
     return Path(path).is_file() or prev_path(path).is_file()
-
-
-def _fsync_dir(folder: Path) -> None:
-    try:  # make the renames themselves durable
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError:  # pragma: no cover - some filesystems refuse directory fsync
-        pass
 
 
 def root_os_error(exc: BaseException) -> OSError | None:

@@ -194,17 +194,25 @@ def branch_source(cfg, own_dir: str | Path) -> Path | None:
     return branch_point(Path(own_dir).parent / str(b.trunk), int(b.step))
 
 
-def atomic_write_text(path: str | Path, text: str, parents: bool = False) -> None:
+def atomic_write_text(path: str | Path, text: str, parents: bool = False, durable: bool = False) -> None:
     """Write ``text`` to a temporary file beside ``path`` and ``os.replace`` it: readers never see a partial file,
     and two writers never share a temporary file. ``parents`` makes the missing folders first (never for a run
-    directory that is being trained: one moved away must not be made again empty at its old path)."""
+    directory that is being trained: one moved away must not be made again empty at its old path). ``durable``
+    also fsyncs the file before the rename and the folder after it: after a power loss the path holds the old text
+    or the new, never an empty file (for a marker others act on, as summary.json)."""
     path = Path(path)
     if parents:
         path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:6]}.tmp")
     try:
-        tmp.write_text(text)
+        with open(tmp, "w") as fh:
+            fh.write(text)
+            if durable:
+                fh.flush()
+                os.fsync(fh.fileno())
         os.replace(tmp, path)
+        if durable:
+            fsync_dir(path.parent)
     except BaseException:
         try:
             tmp.unlink()
@@ -213,9 +221,23 @@ def atomic_write_text(path: str | Path, text: str, parents: bool = False) -> Non
         raise
 
 
-def write_json_atomic(path: str | Path, obj, indent: int = 2, parents: bool = False) -> None:
+def write_json_atomic(path: str | Path, obj, indent: int = 2, parents: bool = False, durable: bool = False) -> None:
     """``obj`` as JSON through :func:`atomic_write_text`."""
-    atomic_write_text(path, json.dumps(obj, indent=indent, default=str), parents=parents)
+    atomic_write_text(path, json.dumps(obj, indent=indent, default=str), parents=parents, durable=durable)
+
+
+def fsync_dir(folder: str | Path) -> None:
+    """fsync a folder (a rename in it survives a power loss); best effort where folders cannot be opened."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def read_json(path: str | Path) -> dict[str, Any] | None:

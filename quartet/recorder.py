@@ -359,6 +359,10 @@ class RunRecorder:
             self._metrics_fh = None
             if metrics is not None:
                 with contextlib.suppress(OSError):  # a full disk: the run's own error says so
+                    # on disk before the final checkpoint that follows (sync_metrics' promise, the handle gone)
+                    metrics.flush()
+                    os.fsync(metrics.fileno())
+                with contextlib.suppress(OSError):
                     metrics.close()
 
     # -- the end ----------------------------------------------------------------------------
@@ -369,11 +373,15 @@ class RunRecorder:
         steps, val_loss = summary["steps"], summary["val_loss"]
         with open(self.dir / paths.METRICS, "a") as fh:
             fh.write(json.dumps({"step": steps, "tokens": summary["tokens"], "val_loss": val_loss, "final": True}) + "\n")
+            # every row on disk before the marker that says the run is complete
+            with contextlib.suppress(OSError):
+                fh.flush()
+                os.fsync(fh.fileno())
         if self.wandb is not None:
             self.wandb.log_row({"val_loss": val_loss, "final_val_loss": val_loss}, steps)
         if self.metrics_gap:
             summary["metrics_gap"] = self.metrics_gap
-        write_json_atomic(self.dir / paths.SUMMARY, summary)
+        write_json_atomic(self.dir / paths.SUMMARY, summary, durable=True)  # never empty after a power loss
         self.write_state("completed", steps)
         self.log.info("completed %s: val_loss %.4f after %d steps (%.0f s)", self.run_id, val_loss, steps,
                       summary["wall_clock_s"])

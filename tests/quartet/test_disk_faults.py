@@ -150,10 +150,10 @@ def test_crash_between_final_row_and_summary_leaves_one_final_row(tiny_cfg, monk
     d = run_dir(cfg)
     real = rec.write_json_atomic
 
-    def no_summary(path, obj):
+    def no_summary(path, obj, **kw):
         if Path(path).name == "summary.json":
             raise OSError(28, "No space left on device", str(path))
-        return real(path, obj)
+        return real(path, obj, **kw)
 
     monkeypatch.setattr(rec, "write_json_atomic", no_summary)
     with pytest.raises(OSError):
@@ -197,3 +197,28 @@ def test_enospc_from_the_cli_is_one_line_and_records_failed(tiny_overrides, tmp_
     assert len(err) == 1 and "No space left on device" in err[0], err
     assert "No space left" in (d / "error.txt").read_text()
     assert json.loads((d / "state.json").read_text())["state"] == "failed"
+
+
+def test_the_completion_marker_is_fsynced_after_every_row(tiny_cfg, monkeypatch):
+    """A power loss must not leave summary.json empty (it blocks a sweep as corrupt) nor keep it without its rows:
+    the metrics file is fsynced before the final checkpoint and again after the final row, then summary.json's
+    temporary file before its rename, then the folder."""
+    from quartet.train import Trainer
+
+    if not Path("/proc/self/fd").is_dir():
+        pytest.skip("names the fsynced files through /proc (Linux)")
+    synced, real_fsync = [], os.fsync
+
+    def fsync(fd):
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        return real_fsync(fd)
+
+    cfg = tiny_cfg()
+    t = Trainer(cfg)
+    monkeypatch.setattr(os, "fsync", fsync)
+    t.run()
+    names = [Path(s).name for s in synced]
+    d = run_dir(cfg)
+    marker = next(i for i, n in enumerate(names) if n.startswith(".summary.json."))
+    assert "metrics.jsonl" in names[:marker]  # the rows, then the marker
+    assert names[marker + 1] == d.name  # the rename made durable
