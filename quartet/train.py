@@ -309,7 +309,8 @@ class Trainer:
 
     def save_branch_point(self) -> None:
         """A trunk keeps its state after this update as ckpt/branch_<step>.pt: atomic and checksummed like last.pt,
-        never rotated (a resumed trunk that passes the step again writes the same state again). It holds the trunk's
+        never rotated (a resumed trunk that passes the step again writes it again: the same state where the run is
+        bitwise reproducible, docs/branches.md says where it is not). It holds the trunk's
         metrics rows 1..step too (``metrics``): a branch's history is exactly those, whatever the trunk's live
         metrics.jsonl says when the branch starts (a resuming trunk cuts it back to its last.pt)."""
         if self.is_main:
@@ -785,6 +786,7 @@ def cli_main(argv: list[str] | None = None) -> int:
 
     args = parser().parse_intermixed_args(argv)
     cfg = None
+    made: list = []  # the folders this call made, deepest first (a bad input then leaves none behind)
     try:
         if args.config_file:
             cfg = load_config_file(args.config_file, args.overrides)
@@ -805,6 +807,7 @@ def cli_main(argv: list[str] | None = None) -> int:
             # line (below), before the data and the model are built; in a group-shared runs directory it is made
             # group-writable, as everything the run writes
             apply_shared_umask(run_dir(cfg))
+            made = [p for p in (run_dir(cfg), *run_dir(cfg).parents) if not p.exists()]
             run_dir(cfg).mkdir(parents=True, exist_ok=True)
         trainer = Trainer(cfg)
         stopped = _install_stop_signals(trainer)
@@ -813,6 +816,9 @@ def cli_main(argv: list[str] | None = None) -> int:
         print(f"quartet: error: {exc}", file=sys.stderr)
         return 1
     except QuartetError as exc:
+        for folder in made:  # refused before writing anything (Trainer's checks): the folders made above go again
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # only when empty: a run that wrote files keeps them
         print(f"quartet: error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:  # a full or read-only disk, a folder of another user: one line, not a traceback

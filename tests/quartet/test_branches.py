@@ -8,6 +8,7 @@ import os
 import re
 import shlex
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -159,6 +160,20 @@ def test_branch_without_its_trunk_checkpoint_waits_and_writes_nothing(tiny_cfg, 
     with pytest.raises(BranchWaitingError, match=f"waits for its trunk {run_id(trunk)} to save step 19"):
         Trainer(bcfg)
     assert not run_dir(bcfg).exists()
+
+
+def test_a_waiting_branch_launched_from_the_cli_leaves_no_folder(tiny_cfg, tiny_overrides, capsys):
+    """``quartet train`` makes the run folder before the trainer checks its inputs (to fail early on one it cannot
+    make); a refused branch takes the folders it made away again: one error line, nothing on disk."""
+    from quartet.train import cli_main
+
+    trunk = trunk_cfg(tiny_cfg)
+    bcfg = branch_cfg(tiny_cfg, trunk)
+    root = Path(str(bcfg.run.out_dir))
+    over = [*WSD, f"budget.tokens={D}", f"branch.trunk={run_id(trunk)}", f"branch.step={TRUNK_STEPS}"]
+    assert cli_main([*tiny_overrides, f"run.out_dir={root}", *over]) == 2
+    assert "waits for its trunk" in capsys.readouterr().err
+    assert not root.exists() or not any(root.iterdir())
 
 
 #: a budget whose decay starts at the trunk's first branch point (14 updates, 3 decaying: decay start 11)
