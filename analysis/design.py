@@ -35,7 +35,8 @@ speed_200m.json, H200, fast paths, CUDA graphs); at another size the time is int
 a step, 6 x N x tokens per step, through the recipe's two measured points. Each run is costed as if alone on the GPU.
 
 **Search** (:func:`search`): greedy. A linearised width (the delta method on the log-loss fit, every cell weighed
-alike as the fit weighs them, times sqrt(pi/2) for its near-L1 Huber loss) ranks moves — add a cell with one seed, or
+alike as the fit weighs them, effN and effD of a joint target together; times sqrt(pi/2) for its near-L1 Huber
+loss) ranks moves — add a cell with one seed, or
 a seed to a chosen cell — by the reduction of the log width per GPU-hour (a move that widens it is never bought),
 across every target until each target's linearised width is below its width x margin; then
 the whole design is simulated with ``fit_all``; targets pinned in fewer than ``confidence`` of the draws get a smaller
@@ -520,25 +521,35 @@ def _sensitivity(base: dict, t: Target, key: str, c: Cell) -> float:
                  / (2 * h))
 
 
-def _cell_terms(base: dict, noise: NoiseModel, t: Target, key: str, c: Cell, k: int) -> tuple[float, float]:
-    """One cell's terms of the linearised variance: ``(s², s²·v)``, s the sensitivity of its log loss to the log
-    efficiency, v the log-noise variance of its k-seed mean (misfit not averaged by seeds)."""
+def _cell_terms(base: dict, noise: NoiseModel, t: Target, c: Cell, k: int) -> tuple[tuple[float, ...], float]:
+    """One cell's terms of the linearised variance: ``(s, v)``, s the sensitivities of its log loss to the log of
+    each efficiency the target pins (``t.pin`` order), v the log-noise variance of its k-seed mean (misfit not
+    averaged by seeds)."""
     sd = noise.sds(c.n_params, t.precision)
     var = sd["misfit_sd"] ** 2 + sd["gap_misfit_sd"] ** 2 + (sd["seed_sd"] ** 2 + sd["gap_sd"] ** 2) / k
     loss = float(predict(base, c.n_params, c.tokens, t.eff_n, t.eff_d))
-    s2 = _sensitivity(base, t, key, c) ** 2
-    return s2, s2 * var / loss ** 2
+    return tuple(_sensitivity(base, t, key, c) for key in t.pin), var / loss ** 2
 
 
-def _width_of(terms, planted: float) -> float:
-    """3.92 x eff x sd(ln eff) from cells' ``(s², s²·v)`` terms. ``quartet fit`` weighs every cell alike (replicates
-    averaged, one point per cell), so sd² = Σ s²v / (Σ s²)², not the inverse-variance 1 / Σ(s²/v): a precise cell
-    (20.5M: misfit 0.005) cannot carry noisy ones (3.4M: 0.03-0.05) the way an optimal weighting would; inflated for the
-    near-L1 fit."""
-    s2 = sum(a for a, _ in terms)
-    if s2 <= 0:
-        return math.inf
-    return 3.92 * planted * math.sqrt(L1_FACTOR * sum(b for _, b in terms)) / s2
+def _widths_of(terms, t: Target) -> dict[str, float]:
+    """3.92 x eff x sd(ln eff) per pinned efficiency from cells' ``(s, v)`` terms: the sandwich variance
+    (SᵀS)⁻¹ SᵀVS (SᵀS)⁻¹ of the equal-weight least squares. ``quartet fit`` weighs every cell alike (replicates
+    averaged, one point per cell), so with one efficiency sd² = Σ s²v / (Σ s²)², not the inverse-variance
+    1 / Σ(s²/v): a precise cell (20.5M: misfit 0.005) cannot carry noisy ones (3.4M: 0.03-0.05) the way an optimal
+    weighting would. A joint target fits effN and effD together, and their errors correlate (strongly negatively
+    where N and D grow together): each one's width is read off the 2x2 matrix, not as if the other were known.
+    Inflated for the near-L1 fit; infinite where the cells cannot separate the parameters."""
+    if not terms:
+        return {key: math.inf for key in t.pin}
+    S = np.array([sens for sens, _ in terms], dtype=float)
+    v = np.array([var for _, var in terms], dtype=float)
+    A = S.T @ S
+    if np.linalg.matrix_rank(A) < len(t.pin):
+        return {key: math.inf for key in t.pin}
+    Ai = np.linalg.inv(A)
+    cov = Ai @ (S.T * v) @ S @ Ai
+    return {key: 3.92 * t.planted(key) * math.sqrt(L1_FACTOR * max(float(cov[i, i]), 0.0))
+            for i, key in enumerate(t.pin)}
 
 
 @dataclass
@@ -563,19 +574,17 @@ def greedy(design: Design, targets: dict, candidates: list, existing: pd.DataFra
         design.cells.setdefault(c.key, c)
     terms_memo: dict = {}
 
-    def terms(p: str, key: str, c: Cell, k: int) -> tuple[float, float]:
+    def terms(p: str, c: Cell, k: int) -> tuple[tuple[float, ...], float]:
         """One cell's terms of the linearised variance (:func:`_cell_terms`), memoised."""
-        if (p, key, c.key, k) not in terms_memo:
-            terms_memo[(p, key, c.key, k)] = _cell_terms(base, noise, targets[p], key, c, k)
-        return terms_memo[(p, key, c.key, k)]
+        if (p, c.key, k) not in terms_memo:
+            terms_memo[(p, c.key, k)] = _cell_terms(base, noise, targets[p], c, k)
+        return terms_memo[(p, c.key, k)]
 
     def width(p: str, change=None) -> float:
-        t = targets[p]
         cells = dict(design.runs.get(p, {}))
         if change:
             cells[change[0]] = change[1]
-        return max(_width_of([terms(p, key, design.cells[ck], k) for ck, k in cells.items()], t.planted(key))
-                   for key in t.pin)
+        return max(_widths_of([terms(p, design.cells[ck], k) for ck, k in cells.items()], targets[p]).values())
 
     def bf_seeds(ck) -> int:
         """bf16 seeds 0..j-1 present at a cell (existing or added for pairing)."""

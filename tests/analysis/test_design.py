@@ -2,6 +2,7 @@
 checked against planted laws and against the committed ladder and recipe fits."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -258,3 +259,18 @@ def test_speed_files_read_twice_or_malformed(tmp_path):
         f.write_text(json.dumps(bad))
         with pytest.raises(AnalysisError, match="speed file"):
             dz.StepSpeeds.from_json([f])
+
+
+def test_a_joint_targets_width_counts_the_other_efficiency_as_unknown():
+    """effN and effD fitted together: on cells where N and D grow together their errors correlate, so each one's
+    linearised width is wider than if the other were known (the one-parameter formula), never narrower."""
+    t = dz.make_target("q", "q", "q", {"q": (0.6, 0.9)})
+    assert t.pin == ("eff_n", "eff_d")
+    cells = [_cell(m, dn) for m in ("m3", "m7") for dn in (10, 20, 40)]
+    terms = [dz._cell_terms(LAW, NOISE, t, c, 2) for c in cells]
+    joint = dz._widths_of(terms, t)
+    for i, key in enumerate(t.pin):
+        alone = dataclasses.replace(t, pin=(key,))
+        one = dz._widths_of([((sens[i],), v) for sens, v in terms], alone)
+        assert joint[key] > one[key] > 0 and np.isfinite(joint[key])
+    assert dz._widths_of(terms[:1], t) == {"eff_n": np.inf, "eff_d": np.inf}  # one cell cannot separate them
