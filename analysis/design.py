@@ -14,7 +14,8 @@ recipe, a half variant taking its recipe's effN (forward-only, effD = 1) or effD
 
 - ``seed_sd``: the bf16 run-to-run sd, pooled over the size's replicated bf16 cells.
 - ``gap_sd``: the sd over seeds of a precision's paired gap to bf16 (same seed: same initialisation and data order),
-  the median over the precisions and replicated cells of the size.
+  the median over the precisions and replicated cells of the size, then bounded by the scatter of the size's gap
+  residuals (a paired-gap sd from three seeds at one cell can exceed it; ``gap_misfit_sd`` takes the rest).
 - ``misfit_sd``: the base law's lack of fit: the RMS over the size's bf16 cells of the seed-mean residual of the point
   fit, inflated by sqrt(n / (n - p)) for the p parameters spent on n cells (as the residual bootstrap does), less the
   seed noise of the means. One deviation per cell: seeds do not average it away.
