@@ -511,7 +511,7 @@ def load_wandb_offline(root: str | Path) -> pd.DataFrame:
     files = sorted({p.resolve() for p in root.rglob("run-*.wandb")})
     if not files:
         raise AnalysisError(f"no wandb run files (run-*.wandb) under {root}")
-    rows, dropped = [], []
+    newest, dropped = {}, []  # run id -> (row, file): a run id counts once, its newest file (files sort by start)
     for f in files:
         rec = read_wandb_file(f)
         rid = rec["id"] or f.stem.removeprefix("run-")
@@ -532,19 +532,13 @@ def load_wandb_offline(root: str | Path) -> pd.DataFrame:
         row, reason = _wandb_row(rid, state, summary, rec["config"], None)
         if reason:
             dropped.append({"run_id": rid, "reason": reason, "path": str(f)})
-        else:
-            row["source"] = "wandb-offline"
-            row["_path"] = str(f)
-            rows.append(row)
-    # one row per run id: a run finished twice (files copied, or a run repeated under its id) counts once, the
-    # newest file (files sort by their folders' start times)
-    newest = {r["run_id"]: r for r in rows}
-    for r in rows:
-        if newest[r["run_id"]] is not r:
-            dropped.append({"run_id": r["run_id"], "reason": "an older file of the same run id", "path": r["_path"]})
-    rows = [newest[rid] for rid in dict.fromkeys(r["run_id"] for r in rows)]
-    for r in rows:
-        del r["_path"]
+            continue
+        row["source"] = "wandb-offline"
+        if row["run_id"] in newest:
+            dropped.append({"run_id": rid, "reason": "an older file of the same run id",
+                            "path": newest[row["run_id"]][1]})
+        newest[row["run_id"]] = (row, str(f))
+    rows = [row for row, _ in newest.values()]
     if not rows:
         raise AnalysisError(f"no finished wandb runs under {root}: " + "; ".join(d["reason"] for d in dropped[:3]))
     return _finish(rows, dropped, {"kind": "wandb-offline", "path": str(root),

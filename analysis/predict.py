@@ -52,9 +52,15 @@ class LawFit:
     @classmethod
     def from_json(cls, path: str | Path) -> "LawFit":
         """The fit of a fit JSON (``quartet fit --json``); AnalysisError (one line) saying what is wrong with it."""
-        from analysis.report import draws_from_dict, read_fit_json
+        from analysis.report import read_fit_json
 
-        d = read_fit_json(path)
+        return cls.from_dict(read_fit_json(path), path)
+
+    @classmethod
+    def from_dict(cls, d: dict, path: str | Path) -> "LawFit":
+        """The fit of a fit JSON already read (:func:`analysis.report.read_fit_json`) from ``path``."""
+        from analysis.report import draws_from_dict
+
         try:
             base = d["base"]
             effs = {e["scheme"]: (_num(e["eff_n"]), _num(e["eff_d"]), e["status"], e.get("message", ""))

@@ -57,8 +57,8 @@ def _iv(x) -> list | None:
 
 
 def make_forecast(fit_path: Path, only: list[str], sweep: str = SWEEP) -> dict:
-    fit = LawFit.from_json(fit_path)
-    raw = read_fit_json(fit_path)  # validated above by LawFit.from_json; the efficiencies and provenance as written
+    raw = read_fit_json(fit_path)  # the efficiencies and provenance as written, and the law they make
+    fit = LawFit.from_dict(raw, fit_path)
     rows = []
     for c in stage_cells(sweep, only):
         if c["precision"] == BASE_LABEL:

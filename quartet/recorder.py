@@ -103,6 +103,13 @@ class _RunLogFile(logging.FileHandler):
             super().close()
 
 
+def _flush_to_disk(fh) -> None:
+    """Flush and fsync an open file, best effort (a full disk: the write that follows says so)."""
+    with contextlib.suppress(OSError):
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
 class WandbMirror:
     """Mirrors metrics to wandb; every call is guarded so wandb can never stop or hang the run for long."""
 
@@ -223,9 +230,7 @@ class RunRecorder:
         """Flush metrics.jsonl to disk (before a checkpoint: a power loss must not keep the checkpoint of step s and
         lose rows up to s)."""
         if self._metrics_fh is not None:
-            with contextlib.suppress(OSError):  # a full disk: the checkpoint's own write says so
-                self._metrics_fh.flush()
-                os.fsync(self._metrics_fh.fileno())
+            _flush_to_disk(self._metrics_fh)
 
     # -- start ------------------------------------------------------------------------------
     def open_log(self) -> None:
@@ -356,13 +361,10 @@ class RunRecorder:
             yield record
         finally:
             bar.close()
+            self.sync_metrics()  # on disk before the final checkpoint that follows, as before every other one
             self._metrics_fh = None
             if metrics is not None:
                 with contextlib.suppress(OSError):  # a full disk: the run's own error says so
-                    # on disk before the final checkpoint that follows (sync_metrics' promise, the handle gone)
-                    metrics.flush()
-                    os.fsync(metrics.fileno())
-                with contextlib.suppress(OSError):
                     metrics.close()
 
     # -- the end ----------------------------------------------------------------------------
@@ -373,10 +375,7 @@ class RunRecorder:
         steps, val_loss = summary["steps"], summary["val_loss"]
         with open(self.dir / paths.METRICS, "a") as fh:
             fh.write(json.dumps({"step": steps, "tokens": summary["tokens"], "val_loss": val_loss, "final": True}) + "\n")
-            # every row on disk before the marker that says the run is complete
-            with contextlib.suppress(OSError):
-                fh.flush()
-                os.fsync(fh.fileno())
+            _flush_to_disk(fh)  # every row on disk before the marker that says the run is complete
         if self.wandb is not None:
             self.wandb.log_row({"val_loss": val_loss, "final_val_loss": val_loss}, steps)
         if self.metrics_gap:
